@@ -1,0 +1,94 @@
+"""Execute the book's notebooks, each top to bottom on a fresh kernel, offline, in parallel.
+
+Executed copies go to ``_build/executed/<same path>``, timings to ``_build/executed/times.json``. A failure
+names the notebook and the cell. Usage: ``run_notebooks.py [--jobs N] [NAME ...]`` (names filter by substring).
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+import time
+from concurrent.futures import ProcessPoolExecutor, as_completed
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from book_files import ROOT, executed_dir, execution_settings, toc_notebooks  # noqa: E402
+
+KERNEL_ENV = {
+    "HF_HUB_OFFLINE": "1",
+    "TRANSFORMERS_OFFLINE": "1",
+    "POSENC_FIGURES": "static",
+    "MPLBACKEND": "Agg",
+    "PYTHONHASHSEED": "0",
+    "TOKENIZERS_PARALLELISM": "false",
+}
+
+
+def execute(path: str, threads: int) -> dict:
+    """Run one notebook; return a record with its time and, on failure, the failing cell."""
+    import nbformat
+    from nbclient import NotebookClient
+    from nbclient.exceptions import CellExecutionError, CellTimeoutError
+
+    settings = execution_settings()
+    notebook_path = Path(path)
+    nb = nbformat.read(notebook_path, as_version=4)
+    env = {**os.environ, **KERNEL_ENV, "OMP_NUM_THREADS": str(threads), "MKL_NUM_THREADS": str(threads)}
+    client = NotebookClient(nb, timeout=settings.get("timeout", 300), kernel_name="python3",
+                            resources={"metadata": {"path": str(notebook_path.parent)}})
+    relative = notebook_path.relative_to(ROOT)
+    record = {"notebook": str(relative), "ok": True}
+    start = time.perf_counter()
+    try:
+        client.execute(env=env)
+    except (CellExecutionError, CellTimeoutError) as error:
+        index = next((i for i, cell in enumerate(nb.cells) if cell.cell_type == "code"
+                      and any(o.get("output_type") == "error" for o in cell.get("outputs", []))), None)
+        record.update(ok=False, cell=index, source=nb.cells[index].source if index is not None else "",
+                      error=str(error)[-4000:])
+    record["seconds"] = round(time.perf_counter() - start, 2)
+    target = executed_dir() / relative
+    target.parent.mkdir(parents=True, exist_ok=True)
+    nbformat.write(nb, target)
+    return record
+
+
+def run(names=(), jobs: int = 2) -> list[dict]:
+    notebooks = [p for p in toc_notebooks() if not names or any(n in p.name for n in names)]
+    if not notebooks:
+        raise SystemExit(f"no notebook in _toc.yml matches {list(names)}")
+    # the longest-running chapters start first (by last recorded time), so two workers finish together
+    times_file = executed_dir() / "times.json"
+    previous = json.loads(times_file.read_text()) if times_file.exists() else {}
+    notebooks.sort(key=lambda p: -previous.get(str(p.relative_to(ROOT)), {}).get("seconds", 0))
+    threads = max(1, (os.cpu_count() or 1) // jobs)
+    records = []
+    with ProcessPoolExecutor(max_workers=jobs) as pool:
+        futures = [pool.submit(execute, str(p), threads) for p in notebooks]
+        for future in as_completed(futures):
+            record = future.result()
+            records.append(record)
+            status = "ok" if record["ok"] else f"FAILED in code cell {record['cell']}"
+            print(f"{record['seconds']:8.1f} s  {record['notebook']}  {status}", flush=True)
+    merged = {**previous, **{r["notebook"]: r for r in records}}
+    times_file.parent.mkdir(parents=True, exist_ok=True)
+    times_file.write_text(json.dumps(merged, indent=1))
+    return records
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__)
+    parser.add_argument("names", nargs="*")
+    parser.add_argument("--jobs", type=int, default=int(os.environ.get("POSENC_JOBS", "2")))
+    args = parser.parse_args()
+    records = run(args.names, args.jobs)
+    failures = [r for r in records if not r["ok"]]
+    for r in failures:
+        print(f"\n=== {r['notebook']}: cell {r['cell']} raised ===\n{r['source']}\n--- error ---\n{r['error']}")
+    return 1 if failures else 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -1,0 +1,85 @@
+"""Absolute encodings: a vector per position, added to the token embeddings.
+
+Every function takes ``positions`` of shape ``(L,)`` or ``(B, L)`` and returns ``(*P, L, dim)``.
+"""
+from __future__ import annotations
+
+import torch
+from torch import nn
+
+from ._checks import as_positions, require_int, require_positive_number
+
+
+def integer_encoding(positions, dim: int, length: int | None = None, dtype=torch.float32) -> torch.Tensor:
+    """The position itself in every feature; divided by ``length`` when it is given (normalised form)."""
+    require_int("dim", dim, minimum=1)
+    positions = as_positions("positions", positions)
+    values = positions.to(dtype)
+    if length is not None:
+        values = values / require_positive_number("length", length)
+    return values[..., None].expand(*values.shape, dim)
+
+
+def binary_encoding(positions, bits: int, dtype=torch.float32) -> torch.Tensor:
+    """Bit ``j`` (least significant first) of each integer position: ``(*P, L, bits)`` of zeros and ones."""
+    require_int("bits", bits, minimum=1)
+    positions = as_positions("positions", positions)
+    if positions.is_floating_point():
+        raise TypeError(f"positions must be integers for a binary encoding, got dtype {positions.dtype}")
+    if positions.device.type != "meta" and bool((positions < 0).any()):
+        raise ValueError("positions must be >= 0 for a binary encoding")
+    powers = 2 ** torch.arange(bits, device=positions.device)
+    return ((positions[..., None] // powers) % 2).to(dtype)
+
+
+def sinusoidal_frequencies(dim: int, base: float = 10_000.0, device=None, dtype=torch.float64) -> torch.Tensor:
+    """``omega_i = base^(-2i/dim)`` for ``i = 0 .. dim/2 - 1``: shape ``(dim/2,)``."""
+    require_int("dim", dim, minimum=2, even=True)
+    require_positive_number("base", base)
+    return base ** (-torch.arange(0, dim, 2, device=device, dtype=dtype) / dim)
+
+
+def sinusoidal_encoding(positions, dim: int, base: float = 10_000.0, layout: str = "interleaved",
+                        dtype=torch.float32) -> torch.Tensor:
+    """The Transformer's sinusoidal table: ``(*P, L, dim)``.
+
+    ``layout="interleaved"``: ``PE[p, 2i] = sin(p omega_i)``, ``PE[p, 2i+1] = cos(p omega_i)`` (Vaswani et al.);
+    ``layout="half"``: all sines first, then all cosines. Angles are computed in float64 (float32 on devices
+    without float64) and rounded once to ``dtype``.
+    """
+    if layout not in ("interleaved", "half"):
+        raise ValueError(f"layout must be 'interleaved' or 'half', got {layout!r}")
+    positions = as_positions("positions", positions)
+    wide = torch.float32 if positions.device.type == "mps" else torch.float64
+    omega = sinusoidal_frequencies(dim, base, device=positions.device, dtype=wide)
+    angles = positions[..., None].to(wide) * omega
+    if layout == "interleaved":
+        table = torch.stack((angles.sin(), angles.cos()), dim=-1).flatten(-2)
+    else:
+        table = torch.cat((angles.sin(), angles.cos()), dim=-1)
+    return table.to(dtype)
+
+
+class LearnedPositionalEmbedding(nn.Module):
+    """A trainable table of ``max_positions`` vectors: ``forward(positions) -> (*P, L, dim)``.
+
+    Positions must be integers in ``[0, max_positions)``; a longer sequence is an error, not a silent wrap.
+    """
+
+    def __init__(self, max_positions: int, dim: int, init_std: float = 0.02):
+        super().__init__()
+        require_int("max_positions", max_positions, minimum=1)
+        require_int("dim", dim, minimum=1)
+        self.table = nn.Parameter(torch.randn(max_positions, dim) * init_std)
+
+    def forward(self, positions) -> torch.Tensor:
+        positions = as_positions("positions", positions, device=self.table.device)
+        if positions.is_floating_point():
+            raise TypeError(f"positions must be integers for a learned table, got dtype {positions.dtype}")
+        if positions.device.type != "meta" and positions.numel():
+            low, high = int(positions.min()), int(positions.max())
+            if low < 0 or high >= self.table.shape[0]:
+                raise ValueError(
+                    f"positions must lie in [0, {self.table.shape[0]}) for this table, got range [{low}, {high}]"
+                )
+        return self.table[positions]

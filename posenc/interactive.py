@@ -1,0 +1,261 @@
+"""One helper behind every figure of the book.
+
+From a single drawing function ``draw(fig, **values)`` an :class:`InteractiveFigure` gives
+
+* a **live** ipywidgets slider per parameter where a kernel runs it (Jupyter, Colab; only API common to
+  ipywidgets 7.7 and 8 is used), and
+* a **static** slider per parameter over precomputed frames, plain HTML + a few lines of JavaScript, for the
+  built web book where no kernel runs (no ipywidgets view, no CDN, no dead control).
+
+Which one :meth:`InteractiveFigure.show` displays is decided by :func:`figure_mode`: the environment variable
+``POSENC_FIGURES`` (``"static"`` or ``"live"``) wins; otherwise live inside a kernel and static elsewhere.
+The book build sets ``POSENC_FIGURES=static``.
+
+Frames are bounded: at most ``max_frames`` per slider (values are subsampled evenly, ends kept), and the
+embedded frames of one figure may not exceed ``max_bytes`` (a ``ValueError`` says so and what to shrink).
+:func:`show_figure` displays an ordinary figure with its caption as alt text.
+"""
+from __future__ import annotations
+
+import base64
+import html
+import io
+import itertools
+import json
+import os
+import time
+from typing import Callable, Sequence
+
+_ids = itertools.count()
+
+
+def figure_mode() -> str:
+    """``"live"`` or ``"static"``: see the module docstring."""
+    chosen = os.environ.get("POSENC_FIGURES", "").strip().lower()
+    if chosen in ("live", "static"):
+        return chosen
+    try:
+        from IPython import get_ipython
+
+        shell = get_ipython()
+    except ImportError:
+        return "static"
+    return "live" if shell is not None and "IPKernelApp" in getattr(shell, "config", {}) else "static"
+
+
+def _encode_png(fig, dpi, colors: int | None) -> str:
+    buffer = io.BytesIO()
+    fig.savefig(buffer, format="png", dpi=dpi)
+    data = buffer.getvalue()
+    if colors:
+        from PIL import Image
+
+        image = Image.open(io.BytesIO(data)).convert("RGB").quantize(colors=colors)
+        buffer = io.BytesIO()
+        image.save(buffer, format="png", optimize=True)
+        data = buffer.getvalue()
+    return base64.b64encode(data).decode("ascii")
+
+
+def _label(value) -> str:
+    if isinstance(value, float) or type(value).__name__.startswith("float"):
+        return f"{float(value):.4g}"
+    return str(value)
+
+
+def _subsample(values: Sequence, max_frames: int) -> list:
+    values = list(values)
+    if len(values) <= max_frames:
+        return values
+    step = (len(values) - 1) / (max_frames - 1)
+    return [values[round(i * step)] for i in range(max_frames)]
+
+
+def _figure_html(image_b64: str, caption: str) -> str:
+    alt = html.escape(caption, quote=True)
+    return (f'<figure class="posenc-figure"><img src="data:image/png;base64,{image_b64}" alt="{alt}" '
+            f'style="max-width:100%"><figcaption>{html.escape(caption)}</figcaption></figure>')
+
+
+def show_figure(fig, caption: str, dpi: int = 80):
+    """Display a finished matplotlib figure as an image whose alt text is ``caption`` (and close it)."""
+    from IPython.display import HTML, display
+
+    if not caption or not isinstance(caption, str):
+        raise ValueError("caption must be a non-empty str: it is the figure's alt text")
+    image = _encode_png(fig, dpi, colors=None)
+    try:
+        import matplotlib.pyplot as plt
+
+        plt.close(fig)
+    except Exception:  # a Figure made without pyplot has nothing to close
+        pass
+    display(HTML(_figure_html(image, caption)))
+
+
+class InteractiveFigure:
+    """``draw(fig, **values)`` redrawn for slider values; see the module docstring.
+
+    ``sliders``: name -> sequence of values; ``defaults``: name -> starting value (default: the middle one).
+    """
+
+    def __init__(self, draw: Callable, sliders: dict, caption: str, *, defaults: dict | None = None,
+                 figsize=(6.4, 3.6), dpi: int = 72, max_frames: int = 30, max_bytes: int = 1_500_000,
+                 colors: int | None = 64):
+        if not callable(draw):
+            raise TypeError(f"draw must be callable as draw(fig, **values), got {type(draw).__name__}")
+        if not isinstance(sliders, dict) or not sliders:
+            raise ValueError("sliders must be a non-empty dict: name -> sequence of values")
+        if not caption or not isinstance(caption, str):
+            raise ValueError("caption must be a non-empty str: it is the figure's caption and alt text")
+        if not isinstance(max_frames, int) or max_frames < 2:
+            raise ValueError(f"max_frames must be an int >= 2, got {max_frames!r}")
+        self.draw, self.caption = draw, caption
+        self.sliders = {}
+        for name, values in sliders.items():
+            values = list(values)
+            if len(values) < 2:
+                raise ValueError(f"slider {name!r} needs at least two values, got {len(values)}")
+            self.sliders[name] = values
+        self.defaults = {name: values[len(values) // 2] for name, values in self.sliders.items()}
+        for name, value in (defaults or {}).items():
+            if name not in self.sliders:
+                raise ValueError(f"defaults names {name!r}, which is not a slider ({list(self.sliders)})")
+            self.defaults[name] = value
+        self.dpi, self.max_frames, self.max_bytes, self.colors = dpi, max_frames, max_bytes, colors
+        from matplotlib.figure import Figure
+
+        self.figure = Figure(figsize=figsize, dpi=dpi, layout="constrained")
+
+    def update(self, **values):
+        """Redraw the figure for ``values`` (missing names take their defaults); returns the figure."""
+        unknown = set(values) - set(self.sliders)
+        if unknown:
+            raise ValueError(f"unknown slider names {sorted(unknown)}; sliders are {list(self.sliders)}")
+        self.figure.clear()
+        self.draw(self.figure, **{**self.defaults, **values})
+        return self.figure
+
+    def redraw_seconds(self, repeats: int = 5, **values) -> float:
+        """Median wall time of one live update (draw + PNG render, what a widget waits for)."""
+        times = []
+        for _ in range(repeats):
+            start = time.perf_counter()
+            self.update(**values)
+            _encode_png(self.figure, self.dpi, colors=None)
+            times.append(time.perf_counter() - start)
+        return sorted(times)[len(times) // 2]
+
+    # static form -------------------------------------------------------------------------------------------
+    def frames(self, name: str) -> tuple[list, list[str]]:
+        """Values shown by the static slider for ``name`` and their base64 PNG frames."""
+        values = _subsample(self.sliders[name], self.max_frames)
+        images = [_encode_png(self.update(**{name: value}), self.dpi, self.colors) for value in values]
+        return values, images
+
+    def static_html(self) -> str:
+        parts, total = [], 0
+        for name in self.sliders:
+            values, images = self.frames(name)
+            total += sum(len(image) for image in images)
+            if total > self.max_bytes:
+                raise ValueError(
+                    f"the static frames of {self.caption!r} take {total:,} bytes, over max_bytes={self.max_bytes:,}; "
+                    "use fewer values (max_frames), a smaller figsize or dpi, or fewer colors"
+                )
+            parts.append(self._slider_html(name, values, images))
+        return "\n".join(parts)
+
+    def _slider_html(self, name, values, images) -> str:
+        uid = f"posenc-slider-{os.getpid()}-{next(_ids)}"
+        labels = [_label(v) for v in values]
+        start = min(range(len(values)), key=lambda i: abs(_as_float(values[i]) - _as_float(self.defaults[name])))
+        others = ", ".join(f"{k} = {_label(v)}" for k, v in self.defaults.items() if k != name)
+        caption = self.caption + (f" (slider: {name}; {others})" if others else f" (slider: {name})")
+        alt = html.escape(caption, quote=True)
+        esc_name = html.escape(name)
+        return f"""<figure class="posenc-slider" id="{uid}">
+<img src="data:image/png;base64,{images[start]}" alt="{alt}" style="max-width:100%">
+<div class="posenc-slider-controls" style="display:flex;gap:0.6em;align-items:center">
+<label for="{uid}-range">{esc_name}</label>
+<input type="range" id="{uid}-range" min="0" max="{len(values) - 1}" step="1" value="{start}" aria-label="{esc_name}" style="flex:1">
+<output id="{uid}-value" for="{uid}-range">{html.escape(labels[start])}</output>
+</div>
+<figcaption>{html.escape(caption)}</figcaption>
+</figure>
+<script>
+(function () {{
+  var frames = {json.dumps(images)};
+  var labels = {json.dumps(labels)};
+  var root = document.getElementById("{uid}");
+  var img = root.querySelector("img"), range = root.querySelector("input"), out = root.querySelector("output");
+  range.addEventListener("input", function () {{
+    var i = parseInt(range.value, 10);
+    img.src = "data:image/png;base64," + frames[i];
+    out.textContent = labels[i];
+  }});
+}})();
+</script>"""
+
+    # live form ---------------------------------------------------------------------------------------------
+    def widget(self):
+        """An ipywidgets ``VBox``: one ``SelectionSlider`` per parameter above an ``Output`` with the figure."""
+        import ipywidgets as widgets
+        from IPython.display import display
+
+        output = widgets.Output()
+        controls = {}
+        for name, values in self.sliders.items():
+            labels = _unique_labels(values)
+            controls[name] = widgets.SelectionSlider(
+                options=list(zip(labels, range(len(values)))),
+                value=min(range(len(values)), key=lambda i: abs(_as_float(values[i]) - _as_float(self.defaults[name]))),
+                description=name, continuous_update=True, layout=widgets.Layout(width="70%"),
+            )
+
+        def refresh(change=None):
+            chosen = {name: self.sliders[name][control.value] for name, control in controls.items()}
+            self.update(**chosen)
+            with output:
+                output.clear_output(wait=True)
+                display(self.figure)
+
+        for control in controls.values():
+            control.observe(refresh, names="value")
+        refresh()
+        return widgets.VBox([*controls.values(), output])
+
+    def show(self):
+        """Display the live widget or the static slider, as :func:`figure_mode` decides."""
+        from IPython.display import HTML, display
+
+        if figure_mode() == "live":
+            display(self.widget())
+        else:
+            display(HTML(self.static_html()))
+        return None
+
+
+def _as_float(value) -> float:
+    try:
+        return float(value)
+    except (TypeError, ValueError):
+        return 0.0
+
+
+def _unique_labels(values) -> list[str]:
+    labels = [_label(v) for v in values]
+    if len(set(labels)) < len(labels):
+        labels = [f"{i}: {label}" for i, label in enumerate(labels)]
+    return labels
+
+
+def interactive_figure(draw: Callable, caption: str, *, defaults: dict | None = None, figsize=(6.4, 3.6),
+                       dpi: int = 72, max_frames: int = 30, max_bytes: int = 1_500_000, show: bool = True,
+                       **sliders) -> InteractiveFigure:
+    """Build an :class:`InteractiveFigure` from ``draw(fig, **values)`` and slider ``name=values``; show it."""
+    figure = InteractiveFigure(draw, sliders, caption, defaults=defaults, figsize=figsize, dpi=dpi,
+                               max_frames=max_frames, max_bytes=max_bytes)
+    if show:
+        figure.show()
+    return figure

@@ -1,0 +1,212 @@
+"""Rotary position embedding (RoPE): angles, the rotation itself in both memory layouts, and a module.
+
+Shapes used throughout:
+
+* ``x``: ``(..., L, D)``; usually ``(B, H, L, D)`` for queries or keys with heads first.
+* ``positions``: ``(L,)`` or ``(B, L)``, integer or real (continuous time is allowed).
+* ``inv_freq``: ``(R/2,)`` with ``R = rotary_dim <= D``; the first ``R`` features rotate, the rest pass through
+  (partial rotary).
+* ``cos``, ``sin``: ``(L, R/2)`` or ``(B, L, R/2)``: half-size tables, one entry per pair, float32.
+
+Layouts. Pair ``i`` of a ``D``-vector is
+
+* ``"half"`` (Hugging Face Llama, GPT-NeoX): features ``(i, i + R/2)``;
+* ``"interleaved"`` (RoFormer, GPT-J, Meta's reference): features ``(2i, 2i + 1)``.
+
+Angles, cos and sin are always float32, whatever the dtype of ``x``; the rotation of a bf16 or fp16 input
+is carried out in float32 and rounded once at the end.
+"""
+from __future__ import annotations
+
+import torch
+from torch import nn
+
+from ._checks import as_positions, require_int, require_tensor
+from .rope_frequencies import rope_frequencies
+
+LAYOUTS = ("half", "interleaved")
+
+
+def _check_layout(layout: str) -> str:
+    if layout not in LAYOUTS:
+        raise ValueError(f"layout must be one of {LAYOUTS}, got {layout!r}")
+    return layout
+
+
+def rope_angles(positions, inv_freq: torch.Tensor) -> torch.Tensor:
+    """Angle ``positions * inv_freq`` in float32: ``(*P, L)`` x ``(R/2,)`` -> ``(*P, L, R/2)``."""
+    require_tensor("inv_freq", inv_freq)
+    positions = as_positions("positions", positions, device=inv_freq.device)
+    if inv_freq.ndim != 1:
+        raise ValueError(f"inv_freq must have shape (R/2,), got shape {tuple(inv_freq.shape)}")
+    return positions[..., None].to(device=inv_freq.device, dtype=torch.float32) * inv_freq.float()
+
+
+def rope_cos_sin(positions, inv_freq: torch.Tensor, attention_factor: float = 1.0):
+    """Half-size float32 tables ``(cos, sin)``, each ``(*P, L, R/2)``, scaled by ``attention_factor``."""
+    angles = rope_angles(positions, inv_freq)
+    if attention_factor == 1.0:
+        return angles.cos(), angles.sin()
+    return angles.cos() * attention_factor, angles.sin() * attention_factor
+
+
+def _align_table(table: torch.Tensor, x: torch.Tensor) -> torch.Tensor:
+    # (B, L, R/2) tables meet (B, H, L, D) inputs: insert the head axes after the batch axis.
+    while table.ndim < x.ndim and table.ndim >= 3:
+        table = table.unsqueeze(1)
+    return table
+
+
+def _check_apply(x, cos, sin):
+    require_tensor("x", x)
+    require_tensor("cos", cos)
+    require_tensor("sin", sin)
+    if cos.shape != sin.shape:
+        raise ValueError(f"cos and sin must have the same shape, got {tuple(cos.shape)} and {tuple(sin.shape)}")
+    if x.ndim < 2:
+        raise ValueError(f"x must have shape (..., L, D), got shape {tuple(x.shape)}")
+    if cos.ndim < 2 or cos.ndim > x.ndim:
+        raise ValueError(f"cos must have shape (L, R/2) or (B, L, R/2), got {tuple(cos.shape)} for x {tuple(x.shape)}")
+    rotary_dim, head_dim = 2 * cos.shape[-1], x.shape[-1]
+    if head_dim % 2:
+        raise ValueError(f"the head dimension of x (last axis) must be even, got {head_dim}")
+    if rotary_dim > head_dim:
+        raise ValueError(
+            f"cos/sin cover {rotary_dim} features but x has head dimension {head_dim}; expected 2 * cos.shape[-1] <= D"
+        )
+    if cos.shape[-2] != x.shape[-2]:
+        raise ValueError(f"cos/sin have {cos.shape[-2]} positions but x has sequence length {x.shape[-2]}")
+
+
+def apply_rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, layout: str = "half") -> torch.Tensor:
+    """Rotate each feature pair of ``x`` by its angle.
+
+    ``x``: ``(..., L, D)``; ``cos``, ``sin``: ``(L, R/2)`` or ``(B, L, R/2)`` with ``R <= D``.
+    Returns a tensor shaped and typed like ``x``.
+    """
+    _check_layout(layout)
+    _check_apply(x, cos, sin)
+    cos, sin = _align_table(cos, x), _align_table(sin, x)
+    half = cos.shape[-1]
+    work = x if x.dtype in (torch.float32, torch.float64) else x.float()
+    rotary, passthrough = work[..., : 2 * half], work[..., 2 * half :]
+    if layout == "half":
+        x1, x2 = rotary[..., :half], rotary[..., half:]
+    else:
+        x1, x2 = rotary[..., 0::2], rotary[..., 1::2]
+    first = x1 * cos - x2 * sin
+    second = x2 * cos + x1 * sin
+    if layout == "half":
+        rotated = torch.cat((first, second), dim=-1)
+    else:
+        rotated = torch.stack((first, second), dim=-1).flatten(-2)
+    if passthrough.shape[-1]:
+        rotated = torch.cat((rotated, passthrough), dim=-1)
+    return rotated.to(x.dtype)
+
+
+def rotate(x, positions=None, inv_freq=None, attention_factor: float = 1.0, layout: str = "half", offset=0):
+    """RoPE in one call: ``x`` ``(..., L, D)`` rotated at ``positions`` (default ``offset + arange(L)``).
+
+    ``inv_freq`` defaults to the original RoPE frequencies (base 10000) for the whole head dimension.
+    """
+    require_tensor("x", x)
+    if inv_freq is None:
+        inv_freq, _ = rope_frequencies(x.shape[-1], device=x.device)
+    if positions is None:
+        positions = torch.arange(x.shape[-2], device=x.device) + offset
+    elif offset != 0:
+        positions = as_positions("positions", positions, device=x.device) + offset
+    cos, sin = rope_cos_sin(positions, inv_freq.to(x.device), attention_factor)
+    return apply_rope(x, cos, sin, layout)
+
+
+def rope_matrix(position: float, inv_freq: torch.Tensor, layout: str = "half", head_dim: int | None = None):
+    """The explicit block-diagonal rotation ``R(position)``, shape ``(D, D)``, float64.
+
+    ``rotate(x, [p], inv_freq)`` equals ``x @ R(p).T``; for teaching and testing, not for speed.
+    """
+    _check_layout(layout)
+    half = inv_freq.shape[-1]
+    head_dim = 2 * half if head_dim is None else head_dim
+    angles = float(position) * inv_freq.double()
+    matrix = torch.eye(head_dim, dtype=torch.float64, device=inv_freq.device)
+    first = torch.arange(half, device=inv_freq.device)
+    first, second = (first, first + half) if layout == "half" else (2 * first, 2 * first + 1)
+    matrix[first, first] = angles.cos()
+    matrix[second, second] = angles.cos()
+    matrix[first, second] = -angles.sin()
+    matrix[second, first] = angles.sin()
+    return matrix
+
+
+def interleaved_to_half_permutation(head_dim: int, device=None) -> torch.Tensor:
+    """Index vector ``perm`` of shape ``(D,)``: ``x_half = x_interleaved[..., perm]``."""
+    require_int("head_dim", head_dim, minimum=2, even=True)
+    pairs = torch.arange(head_dim // 2, device=device)
+    return torch.cat((2 * pairs, 2 * pairs + 1))
+
+
+def permute_qk_weight(weight: torch.Tensor, n_heads: int, to: str = "half") -> torch.Tensor:
+    """Reorder the rows of a q or k projection ``(n_heads * D, d_in)`` so it feeds the other RoPE layout.
+
+    ``to="half"`` converts interleaved-layout weights (Meta, GPT-J) to half-split (Hugging Face);
+    ``to="interleaved"`` is the inverse. A bias of shape ``(n_heads * D,)`` is accepted too.
+    """
+    require_tensor("weight", weight)
+    require_int("n_heads", n_heads, minimum=1)
+    _check_layout(to)
+    if weight.ndim not in (1, 2) or weight.shape[0] % n_heads:
+        raise ValueError(f"weight must have shape (n_heads * D, d_in) with n_heads={n_heads}, got {tuple(weight.shape)}")
+    head_dim = weight.shape[0] // n_heads
+    perm = interleaved_to_half_permutation(head_dim, device=weight.device)
+    if to == "interleaved":
+        perm = torch.argsort(perm)
+    per_head = weight.reshape(n_heads, head_dim, *weight.shape[1:])
+    return per_head[:, perm].reshape(weight.shape)
+
+
+class RotaryEmbedding(nn.Module):
+    """RoPE for a model: ``forward(q, k, positions=None, offset=0) -> (q_rot, k_rot)``.
+
+    ``q``: ``(B, H, L, D)``, ``k``: ``(B, H_kv, L, D)``; ``positions``: ``(L,)`` or ``(B, L)``, default
+    ``offset + arange(L)`` (``offset`` is the number of tokens already in a KV cache).
+    """
+
+    def __init__(self, head_dim: int, rope_parameters: dict | None = None, max_position_embeddings: int = 2048,
+                 layout: str = "half"):
+        super().__init__()
+        self.head_dim, self.layout = head_dim, _check_layout(layout)
+        self.rope_parameters = dict(rope_parameters or {})
+        self.max_position_embeddings = max_position_embeddings
+        inv_freq, self.attention_factor = rope_frequencies(head_dim, self.rope_parameters, max_position_embeddings)
+        self.register_buffer("inv_freq", inv_freq, persistent=False)
+
+    def _frequencies_for(self, positions: torch.Tensor):
+        # dynamic NTK and LongRoPE pick their table from the length actually reached
+        if self.rope_parameters.get("rope_type") in ("dynamic", "longrope"):
+            seq_len = int(positions.max()) + 1
+            return rope_frequencies(self.head_dim, self.rope_parameters, self.max_position_embeddings,
+                                    seq_len=seq_len, device=self.inv_freq.device)
+        return self.inv_freq, self.attention_factor
+
+    def cos_sin(self, positions):
+        positions = as_positions("positions", positions, device=self.inv_freq.device)
+        inv_freq, attention_factor = self._frequencies_for(positions)
+        return rope_cos_sin(positions, inv_freq, attention_factor)
+
+    def forward(self, q: torch.Tensor, k: torch.Tensor, positions=None, offset: int = 0):
+        require_tensor("q", q)
+        require_tensor("k", k)
+        for name, t in (("q", q), ("k", k)):
+            if t.shape[-1] != self.head_dim:
+                raise ValueError(f"{name} must have head dimension {self.head_dim} (last axis), got {t.shape[-1]}")
+        if positions is None:
+            positions = torch.arange(q.shape[-2], device=q.device) + offset
+        elif offset:
+            positions = as_positions("positions", positions, device=q.device) + offset
+        cos, sin = self.cos_sin(positions)
+        return apply_rope(q, cos, sin, self.layout), apply_rope(k, cos, sin, self.layout)
+
+    def extra_repr(self) -> str:
+        return f"head_dim={self.head_dim}, layout={self.layout!r}, rope_parameters={self.rope_parameters}"

@@ -1,0 +1,197 @@
+"""RoPE frequency tables: one function per ``rope_type``, all with one signature, in one registry.
+
+Every function has the signature::
+
+    fn(head_dim, rope_parameters, max_position_embeddings, seq_len=None, device=None)
+        -> (inv_freq, attention_factor)
+
+* ``inv_freq``: float32 tensor of shape ``(rotary_dim // 2,)``, the angle per unit of position for each
+  feature pair, where ``rotary_dim = int(head_dim * partial_rotary_factor)``.
+* ``attention_factor``: float that multiplies cos and sin (YaRN's and LongRoPE's temperature; 1.0 otherwise).
+
+``rope_parameters`` uses the key names and defaults of Hugging Face transformers' ``rope_parameters``
+(``rope_theta``, ``factor``, ``original_max_position_embeddings``, ``beta_fast``, ...), and the tables are
+computed the same way, operation for operation, so they are equal to transformers' own bit for bit.
+"""
+from __future__ import annotations
+
+import math
+from typing import Callable
+
+import torch
+
+from ._checks import require_int
+
+DEFAULT_THETA = 10_000.0
+
+
+def _param(rope_parameters: dict, key: str):
+    value = rope_parameters.get(key)
+    if value is None:
+        raise ValueError(
+            f"rope_parameters[{key!r}] is required for rope_type={rope_parameters.get('rope_type')!r}"
+        )
+    return value
+
+
+def _rotary_dim(head_dim: int, rope_parameters: dict) -> int:
+    dim = int(head_dim * rope_parameters.get("partial_rotary_factor", 1.0))
+    if dim < 2 or dim % 2:
+        raise ValueError(
+            f"head_dim * partial_rotary_factor must be an even number >= 2, got "
+            f"{head_dim} * {rope_parameters.get('partial_rotary_factor', 1.0)} = {dim}"
+        )
+    return dim
+
+
+def _geometric_inv_freq(base: float, dim: int, device) -> torch.Tensor:
+    # theta_i = base^(-2i/dim), i = 0 .. dim/2 - 1, in float32 as transformers does
+    exponents = torch.arange(0, dim, 2, dtype=torch.int64).to(device=device, dtype=torch.float) / dim
+    return 1.0 / (base**exponents)
+
+
+def _original_length(rope_parameters: dict, max_position_embeddings: int) -> int:
+    return rope_parameters.get("original_max_position_embeddings") or max_position_embeddings
+
+
+def default_frequencies(head_dim, rope_parameters, max_position_embeddings, seq_len=None, device=None):
+    """The original RoPE: theta_i = rope_theta^(-2i/d)."""
+    base = rope_parameters.get("rope_theta", DEFAULT_THETA)
+    return _geometric_inv_freq(base, _rotary_dim(head_dim, rope_parameters), device), 1.0
+
+
+def linear_frequencies(head_dim, rope_parameters, max_position_embeddings, seq_len=None, device=None):
+    """Position interpolation: every frequency divided by ``factor``."""
+    factor = _param(rope_parameters, "factor")
+    inv_freq, _ = default_frequencies(head_dim, rope_parameters, max_position_embeddings, device=device)
+    return inv_freq / factor, 1.0
+
+
+def dynamic_frequencies(head_dim, rope_parameters, max_position_embeddings, seq_len=None, device=None):
+    """Dynamic NTK: the base grows with the current length once it passes ``max_position_embeddings``."""
+    factor = _param(rope_parameters, "factor")
+    base = rope_parameters.get("rope_theta", DEFAULT_THETA)
+    dim = _rotary_dim(head_dim, rope_parameters)
+    seq_len = max_position_embeddings if seq_len is None else max(int(seq_len), max_position_embeddings)
+    base = base * ((factor * seq_len / max_position_embeddings) - (factor - 1)) ** (dim / (dim - 2))
+    return _geometric_inv_freq(base, dim, device), 1.0
+
+
+def _yarn_mscale(scale: float, mscale: float = 1.0) -> float:
+    return 1.0 if scale <= 1 else 0.1 * mscale * math.log(scale) + 1.0
+
+
+def yarn_frequencies(head_dim, rope_parameters, max_position_embeddings, seq_len=None, device=None):
+    """YaRN: interpolate low frequencies, keep high ones, ramp in between; temperature 0.1 ln(s) + 1."""
+    base = rope_parameters.get("rope_theta", DEFAULT_THETA)
+    dim = _rotary_dim(head_dim, rope_parameters)
+    original = _original_length(rope_parameters, max_position_embeddings)
+    factor = rope_parameters.get("factor")
+    if factor is None:
+        if "factor" not in rope_parameters:
+            _param(rope_parameters, "factor")
+        factor = max_position_embeddings / original
+    attention_factor = rope_parameters.get("attention_factor")
+    if attention_factor is None:
+        mscale, mscale_all_dim = rope_parameters.get("mscale"), rope_parameters.get("mscale_all_dim")
+        if mscale and mscale_all_dim:
+            attention_factor = float(_yarn_mscale(factor, mscale) / _yarn_mscale(factor, mscale_all_dim))
+        else:
+            attention_factor = _yarn_mscale(factor)
+    beta_fast = rope_parameters.get("beta_fast") or 32
+    beta_slow = rope_parameters.get("beta_slow") or 1
+
+    def dim_of_rotations(rotations):
+        # the pair index whose wavelength fits `rotations` times into the original context
+        return (dim * math.log(original / (rotations * 2 * math.pi))) / (2 * math.log(base))
+
+    low, high = dim_of_rotations(beta_fast), dim_of_rotations(beta_slow)
+    if rope_parameters.get("truncate", True):
+        low, high = math.floor(low), math.ceil(high)
+    low, high = max(low, 0), min(high, dim - 1)
+    if low == high:
+        high += 0.001
+    ramp = torch.clamp((torch.arange(dim // 2, dtype=torch.float32) - low) / (high - low), 0, 1)
+    keep = 1 - ramp.to(device=device, dtype=torch.float)
+
+    wavelength_base = base ** (torch.arange(0, dim, 2).to(device=device, dtype=torch.float) / dim)
+    extrapolated = 1.0 / wavelength_base
+    interpolated = 1.0 / (factor * wavelength_base)
+    return interpolated * (1 - keep) + extrapolated * keep, attention_factor
+
+
+def longrope_frequencies(head_dim, rope_parameters, max_position_embeddings, seq_len=None, device=None):
+    """LongRoPE: a searched factor per pair, ``short_factor`` up to the original length, ``long_factor`` past it."""
+    base = rope_parameters.get("rope_theta", DEFAULT_THETA)
+    dim = _rotary_dim(head_dim, rope_parameters)
+    long_factor, short_factor = _param(rope_parameters, "long_factor"), _param(rope_parameters, "short_factor")
+    for key, value in (("long_factor", long_factor), ("short_factor", short_factor)):
+        if len(value) != dim // 2:
+            raise ValueError(f"rope_parameters[{key!r}] must have {dim // 2} entries (one per pair), got {len(value)}")
+    original = _original_length(rope_parameters, max_position_embeddings)
+    factor = rope_parameters.get("factor")
+    if factor is None:
+        factor = max_position_embeddings / original
+    attention_factor = rope_parameters.get("attention_factor")
+    if attention_factor is None:
+        attention_factor = 1.0 if factor <= 1.0 else math.sqrt(1 + math.log(factor) / math.log(original))
+    chosen = long_factor if seq_len and seq_len > original else short_factor
+    ext_factors = torch.tensor(chosen, dtype=torch.float32, device=device)
+    exponents = torch.arange(0, dim, 2, dtype=torch.int64, device=device).float() / dim
+    return 1.0 / (ext_factors * base**exponents), attention_factor
+
+
+def llama3_frequencies(head_dim, rope_parameters, max_position_embeddings, seq_len=None, device=None):
+    """Llama 3: long wavelengths divided by ``factor``, short ones kept, a smooth blend between."""
+    factor = _param(rope_parameters, "factor")
+    low_freq_factor = _param(rope_parameters, "low_freq_factor")
+    high_freq_factor = _param(rope_parameters, "high_freq_factor")
+    original = _original_length(rope_parameters, max_position_embeddings)
+    inv_freq, _ = default_frequencies(head_dim, rope_parameters, max_position_embeddings, device=device)
+
+    low_freq_wavelen, high_freq_wavelen = original / low_freq_factor, original / high_freq_factor
+    wavelen = 2 * math.pi / inv_freq
+    scaled = torch.where(wavelen > low_freq_wavelen, inv_freq / factor, inv_freq)
+    smooth = (original / wavelen - low_freq_factor) / (high_freq_factor - low_freq_factor)
+    blended = (1 - smooth) * scaled / factor + smooth * scaled
+    is_medium = ~(wavelen < high_freq_wavelen) * ~(wavelen > low_freq_wavelen)
+    return torch.where(is_medium, blended, scaled), 1.0
+
+
+RopeFrequencyFn = Callable[..., "tuple[torch.Tensor, float]"]
+
+ROPE_FREQUENCY_FUNCTIONS: dict[str, RopeFrequencyFn] = {
+    "default": default_frequencies,
+    "linear": linear_frequencies,
+    "dynamic": dynamic_frequencies,
+    "yarn": yarn_frequencies,
+    "longrope": longrope_frequencies,
+    "llama3": llama3_frequencies,
+}
+
+
+def rope_frequencies(
+    head_dim: int,
+    rope_parameters: dict | None = None,
+    max_position_embeddings: int = 2048,
+    seq_len: int | None = None,
+    device=None,
+) -> tuple[torch.Tensor, float]:
+    """Look up ``rope_parameters['rope_type']`` (default ``"default"``) and compute its frequencies.
+
+    Returns ``(inv_freq, attention_factor)`` with ``inv_freq`` of shape ``(rotary_dim // 2,)``, float32.
+    """
+    require_int("head_dim", head_dim, minimum=2, even=True)
+    require_int("max_position_embeddings", max_position_embeddings, minimum=1)
+    if rope_parameters is not None and not isinstance(rope_parameters, dict):
+        raise TypeError(f"rope_parameters must be a dict, got {type(rope_parameters).__name__}")
+    rope_parameters = dict(rope_parameters or {})
+    rope_type = rope_parameters.setdefault("rope_type", "default")
+    if rope_type not in ROPE_FREQUENCY_FUNCTIONS:
+        raise ValueError(
+            f"unknown rope_type {rope_type!r}; known rope types: {', '.join(sorted(ROPE_FREQUENCY_FUNCTIONS))}"
+        )
+    theta = rope_parameters.setdefault("rope_theta", DEFAULT_THETA)
+    if isinstance(theta, bool) or not isinstance(theta, (int, float)) or not theta > 1:
+        raise ValueError(f"rope_parameters['rope_theta'] must be a number > 1, got {theta!r}")
+    return ROPE_FREQUENCY_FUNCTIONS[rope_type](head_dim, rope_parameters, max_position_embeddings, seq_len, device)
