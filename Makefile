@@ -38,6 +38,11 @@ browser: $(STAMP)
 	$(PY) book/tools/ensure_chromium.py
 	$(PY) -m pytest tests/browser
 
+## make bench: RoPE against the libraries people use, and the book's timings -> _build/bench.json
+bench: $(STAMP)
+	$(PY) -m pip install --quiet -r benchmarks/requirements.txt
+	$(PY) benchmarks/run.py
+
 serve:
 	@echo "serving _build/html on http://127.0.0.1:$(PORT)"
 	$(PYTHON) -m http.server $(PORT) --bind 127.0.0.1 --directory _build/html

@@ -158,6 +158,21 @@ def llama3_frequencies(head_dim, rope_parameters, max_position_embeddings, seq_l
     return torch.where(is_medium, blended, scaled), 1.0
 
 
+def proportional_frequencies(head_dim, rope_parameters, max_position_embeddings, seq_len=None, device=None):
+    """p-RoPE: the first ``partial_rotary_factor`` of the pairs keep their RoPE frequency (exponent over the full
+    ``head_dim``), the remaining lowest-frequency pairs get frequency 0 and are never rotated; all divided by
+    ``factor`` (default 1). The table always covers the whole head: shape ``(head_dim // 2,)``."""
+    base = rope_parameters.get("rope_theta", DEFAULT_THETA)
+    proportion = rope_parameters.get("partial_rotary_factor", 1.0)
+    rotated_pairs = int(proportion * head_dim // 2)
+    exponents = torch.arange(0, 2 * rotated_pairs, 2, dtype=torch.int64).to(device=device, dtype=torch.float) / head_dim
+    inv_freq = 1.0 / (base**exponents)
+    unrotated = head_dim // 2 - rotated_pairs
+    if unrotated > 0:
+        inv_freq = torch.cat((inv_freq, torch.zeros(unrotated, dtype=torch.float32, device=device)))
+    return inv_freq / rope_parameters.get("factor", 1.0), 1.0
+
+
 RopeFrequencyFn = Callable[..., "tuple[torch.Tensor, float]"]
 
 ROPE_FREQUENCY_FUNCTIONS: dict[str, RopeFrequencyFn] = {
@@ -167,6 +182,7 @@ ROPE_FREQUENCY_FUNCTIONS: dict[str, RopeFrequencyFn] = {
     "yarn": yarn_frequencies,
     "longrope": longrope_frequencies,
     "llama3": llama3_frequencies,
+    "proportional": proportional_frequencies,
 }
 
 
