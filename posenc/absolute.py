@@ -1,13 +1,15 @@
 """Absolute encodings: a vector per position, added to the token embeddings.
 
-Every function takes ``positions`` of shape ``(L,)`` or ``(B, L)`` and returns ``(*P, L, dim)``.
+Every encoding function takes ``positions`` of shape ``(L,)`` or ``(B, L)`` and returns ``(*P, L, dim)``.
+Two measurements help compare them: :func:`consecutive_distances` (how far one step moves the encoding) and
+:func:`sinusoidal_dot_product` (the sinusoidal dot product as a function of the offset alone).
 """
 from __future__ import annotations
 
 import torch
 from torch import nn
 
-from ._checks import as_positions, require_int, require_positive_number
+from ._checks import as_positions, require_int, require_positive_number, require_tensor
 
 
 def integer_encoding(positions, dim: int, length: int | None = None, dtype=torch.float32) -> torch.Tensor:
@@ -50,7 +52,7 @@ def sinusoidal_encoding(positions, dim: int, base: float = 10_000.0, layout: str
     if layout not in ("interleaved", "half"):
         raise ValueError(f"layout must be 'interleaved' or 'half', got {layout!r}")
     positions = as_positions("positions", positions)
-    wide = torch.float32 if positions.device.type == "mps" else torch.float64
+    wide = _angle_dtype(positions.device)
     omega = sinusoidal_frequencies(dim, base, device=positions.device, dtype=wide)
     angles = positions[..., None].to(wide) * omega
     if layout == "interleaved":
@@ -58,6 +60,40 @@ def sinusoidal_encoding(positions, dim: int, base: float = 10_000.0, layout: str
     else:
         table = torch.cat((angles.sin(), angles.cos()), dim=-1)
     return table.to(dtype)
+
+
+def sinusoidal_dot_product(offsets, dim: int, base: float = 10_000.0, chunk: int = 1 << 22) -> torch.Tensor:
+    """``PE(p) . PE(p + k) = sum_i cos(omega_i k)`` for each offset ``k``: shape of ``offsets``, float64.
+
+    The dot product of two sinusoidal encodings depends on their offset only, so this needs no positions.
+    Offsets may be huge (a million of them): the ``(K, dim/2)`` cosines are summed ``chunk`` elements at a time.
+    float32 on devices without float64.
+    """
+    require_int("chunk", chunk, minimum=1)
+    offsets = as_positions("offsets", offsets)
+    wide = _angle_dtype(offsets.device)
+    omega = sinusoidal_frequencies(dim, base, device=offsets.device, dtype=wide)
+    flat = offsets.reshape(-1).to(wide)
+    rows = max(1, chunk // omega.numel())
+    sums = [torch.cos(part[:, None] * omega).sum(-1) for part in flat.split(rows)]
+    return torch.cat(sums).reshape(offsets.shape)
+
+
+def consecutive_distances(encodings: torch.Tensor) -> torch.Tensor:
+    """Length of each step ``||E[p + 1] - E[p]||`` along the position axis: ``(*P, L, dim) -> (*P, L - 1)``.
+
+    Computed in the input's floating dtype (integers and bools are promoted to float32).
+    """
+    require_tensor("encodings", encodings)
+    if encodings.ndim < 2 or encodings.shape[-2] < 2:
+        raise ValueError(f"encodings must have shape (*P, L, dim) with L >= 2, got shape {tuple(encodings.shape)}")
+    if not encodings.is_floating_point():
+        encodings = encodings.to(torch.float32)
+    return (encodings[..., 1:, :] - encodings[..., :-1, :]).norm(dim=-1)
+
+
+def _angle_dtype(device) -> torch.dtype:
+    return torch.float32 if torch.device(device).type == "mps" else torch.float64
 
 
 class LearnedPositionalEmbedding(nn.Module):

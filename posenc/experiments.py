@@ -1,0 +1,282 @@
+"""Train small transformers with every encoding of the book on the tasks of :mod:`posenc.tasks`.
+
+The model is a pre-norm transformer of a few layers whose attention is :func:`posenc.attention.self_attention`,
+so the positional encoding is one :class:`posenc.encodings.PositionalEncoding` object: an "input" encoding is
+added once to the token embeddings, a "qk" or "logits" encoding acts inside every attention layer.
+Everything is seeded: one ``(task, encoding, seed)`` always gives the same numbers on one machine.
+"""
+from __future__ import annotations
+
+import copy
+import math
+from dataclasses import dataclass, field, replace
+
+import torch
+from torch import nn
+from torch.func import functional_call, stack_module_state, vmap
+
+from . import encodings as enc
+from .attention import self_attention
+from .tasks import IGNORE_INDEX, CopyTask
+
+
+@dataclass(frozen=True)
+class ExperimentConfig:
+    """Sizes of the model, the training run and the evaluation (defaults: a few seconds per run on a CPU)."""
+
+    vocab_size: int = 16
+    train_length: int = 16
+    length_factors: tuple = (1, 2, 4)  # evaluate at train_length times each
+    d_model: int = 32
+    n_heads: int = 2
+    n_layers: int = 2
+    d_mlp: int = 64
+    steps: int = 300
+    batch_size: int = 32
+    learning_rate: float = 3e-3
+    weight_decay: float = 0.01
+    warmup_steps: int = 30
+    eval_batch_size: int = 256
+    eval_seed: int = 12_345
+    seeds: tuple = (0, 1, 2)
+
+    @property
+    def head_dim(self) -> int:
+        return self.d_model // self.n_heads
+
+    @property
+    def eval_lengths(self) -> tuple:
+        return tuple(self.train_length * factor for factor in self.length_factors)
+
+
+def _group_encoding(constructor_name: str, config: ExperimentConfig):
+    from . import groups  # written alongside chapter 8; imported only when a group encoding is asked for
+
+    generator = getattr(groups, constructor_name)(config.head_dim)
+    return groups.GroupEncoding(generator)
+
+
+# name -> (label, causal, factory(config) -> PositionalEncoding)
+ENCODINGS = {
+    "nope-bidirectional": ("NoPE, bidirectional", False, lambda c: enc.NoPE()),
+    "nope-causal": ("NoPE, causal", True, lambda c: enc.NoPE()),
+    "sinusoidal": ("sinusoidal", True, lambda c: enc.SinusoidalInput(c.d_model)),
+    # sized for the longest evaluation; rows of positions never trained keep their random initial values
+    "learned": ("learned", True, lambda c: enc.LearnedInput(max(c.eval_lengths), c.d_model)),
+    "rope": ("RoPE", True, lambda c: enc.RoPE(c.head_dim)),
+    "alibi": ("ALiBi", True, lambda c: enc.ALiBi(c.n_heads, causal=True)),
+    "xpos": ("xPos (damped RoPE)", True, lambda c: _group_encoding("xpos_generator", c)),
+    "jordan": ("Jordan block", True, lambda c: _group_encoding("jordan_generator", c)),
+}
+
+
+def encoding_label(name: str) -> str:
+    return ENCODINGS[_check_name(name)][0]
+
+
+def _check_name(name: str) -> str:
+    if name not in ENCODINGS:
+        raise ValueError(f"encoding must be one of {list(ENCODINGS)}, got {name!r}")
+    return name
+
+
+class Block(nn.Module):
+    """Pre-norm block: ``x + attention(norm(x))`` then ``x + mlp(norm(x))``."""
+
+    def __init__(self, config: ExperimentConfig):
+        super().__init__()
+        width = config.d_model
+        self.n_heads = config.n_heads
+        self.attention_norm, self.mlp_norm = nn.LayerNorm(width), nn.LayerNorm(width)
+        self.q, self.k, self.v, self.o = (nn.Linear(width, width, bias=False) for _ in range(4))
+        self.mlp = nn.Sequential(nn.Linear(width, config.d_mlp), nn.GELU(), nn.Linear(config.d_mlp, width))
+
+    def forward(self, x, encoding, positions, causal: bool):
+        x = x + self_attention(self.attention_norm(x), self.q.weight, self.k.weight, self.v.weight, self.n_heads,
+                               encoding=encoding, positions=positions, causal=causal, w_o=self.o.weight)
+        return x + self.mlp(self.mlp_norm(x))
+
+
+class TinyTransformer(nn.Module):
+    """Token embedding, ``n_layers`` blocks, a final norm and a linear read-out to the vocabulary.
+
+    ``forward(tokens (B, L)) -> logits (B, L, V)``; with ``return_hidden=True`` also the residual stream
+    after each block, a list of ``(B, L, d_model)``.
+    """
+
+    def __init__(self, config: ExperimentConfig, encoding: enc.PositionalEncoding, causal: bool):
+        super().__init__()
+        self.causal = causal
+        self.embed = nn.Embedding(config.vocab_size, config.d_model)
+        self.encoding = encoding
+        self.blocks = nn.ModuleList(Block(config) for _ in range(config.n_layers))
+        self.norm = nn.LayerNorm(config.d_model)
+        self.readout = nn.Linear(config.d_model, config.vocab_size)
+
+    def forward(self, tokens: torch.Tensor, return_hidden: bool = False):
+        positions = torch.arange(tokens.shape[-1], device=tokens.device)
+        x = self.embed(tokens)
+        layer_encoding = self.encoding
+        if self.encoding.kind == "input":  # added once, as in the original transformer
+            x, layer_encoding = self.encoding.encode_input(x, positions), enc.NoPE()
+        hidden = []
+        for block in self.blocks:
+            x = block(x, layer_encoding, positions, self.causal)
+            hidden.append(x)
+        logits = self.readout(self.norm(x))
+        return (logits, hidden) if return_hidden else logits
+
+
+def build_model(name: str, config: ExperimentConfig, seed: int, device=None) -> TinyTransformer:
+    """A freshly initialised model with encoding ``name`` (a key of :data:`ENCODINGS`), seeded by ``seed``."""
+    _, causal, factory = ENCODINGS[_check_name(name)]
+    torch.manual_seed(seed)
+    return TinyTransformer(config, factory(config), causal).to(device)
+
+
+@dataclass
+class Run:
+    """One trained model: its training losses and accuracy per evaluation length."""
+
+    task: str
+    encoding: str
+    seed: int
+    losses: list
+    accuracy: dict = field(default_factory=dict)  # length -> accuracy over all targets
+    position_accuracy: dict = field(default_factory=dict)  # length -> (L,) accuracy per position (NaN: no target)
+
+
+def _learning_rate_factor(step: int, config: ExperimentConfig) -> float:
+    """Linear warm-up, then cosine decay to zero."""
+    if step < config.warmup_steps:
+        return (step + 1) / config.warmup_steps
+    progress = (step - config.warmup_steps) / max(1, config.steps - config.warmup_steps)
+    return 0.5 * (1 + math.cos(math.pi * progress))
+
+
+class Ensemble:
+    """The models of several seeds trained side by side: their parameters stacked, one ``vmap`` per step.
+
+    The seeds never mix: each has its own initialisation, its own data stream and its own loss, and AdamW
+    updates every parameter entry on its own, so this is the same computation as training them one by one,
+    only with fewer Python calls.
+    """
+
+    def __init__(self, name: str, config: ExperimentConfig, device=None):
+        self.name, self.config = name, config
+        self.models = [build_model(name, config, seed, device) for seed in config.seeds]
+        self.params, self.buffers = stack_module_state(self.models)
+        self._skeleton = copy.deepcopy(self.models[0]).to("meta")
+
+    def logits(self, inputs: torch.Tensor) -> torch.Tensor:
+        """``inputs`` ``(S, B, L)`` (one batch per seed) -> logits ``(S, B, L, V)``."""
+        def one(params, buffers, tokens):
+            return functional_call(self._skeleton, (params, buffers), (tokens,))
+
+        return vmap(one)(self.params, self.buffers, inputs)
+
+    def trained_models(self) -> list:
+        """One ordinary :class:`TinyTransformer` per seed, holding the trained weights."""
+        for index, model in enumerate(self.models):
+            model.load_state_dict({key: value[index].detach() for key, value in {**self.params, **self.buffers}.items()},
+                                  strict=False)
+        return self.models
+
+
+def train(task: CopyTask, name: str, config: ExperimentConfig, device=None):
+    """Train one model per seed with AdamW on freshly drawn batches.
+
+    Returns the :class:`Ensemble` and the losses, a float tensor ``(n_seeds, steps)``.
+    """
+    ensemble = Ensemble(name, config, device)
+    optimizer = torch.optim.AdamW(list(ensemble.params.values()), lr=config.learning_rate,
+                                  weight_decay=config.weight_decay, foreach=True)
+    schedule = torch.optim.lr_scheduler.LambdaLR(optimizer, lambda step: _learning_rate_factor(step, config))
+    streams = [torch.Generator().manual_seed(seed) for seed in config.seeds]
+    losses = []
+    for _ in range(config.steps):
+        batches = [task.sample(config.batch_size, config.train_length, config.vocab_size, stream, device)
+                   for stream in streams]
+        inputs, targets = (torch.stack(parts) for parts in list(zip(*batches))[:2])
+        per_token = nn.functional.cross_entropy(ensemble.logits(inputs).flatten(0, 2), targets.flatten(),
+                                                ignore_index=IGNORE_INDEX, reduction="none").view(len(streams), -1)
+        per_seed = per_token.sum(1) / (targets != IGNORE_INDEX).flatten(1).sum(1)
+        optimizer.zero_grad(set_to_none=True)
+        per_seed.sum().backward()  # the seeds share no parameter, so each gets the gradient of its own loss
+        optimizer.step()
+        schedule.step()
+        losses.append(per_seed.detach())
+    return ensemble, torch.stack(losses, dim=1).cpu()
+
+
+def evaluation_data(task: CopyTask, length: int, config: ExperimentConfig, device=None):
+    """The fixed evaluation batch at ``length`` (the same for every encoding and seed)."""
+    generator = torch.Generator().manual_seed(config.eval_seed + length)
+    return task.sample(config.eval_batch_size, length, config.vocab_size, generator, device)
+
+
+@torch.no_grad()
+def evaluate(model: TinyTransformer, task: CopyTask, length: int, config: ExperimentConfig):
+    """Accuracy of the most likely token on the evaluation batch: ``(overall, per_position (L,))``."""
+    model.eval()
+    device = next(model.parameters()).device
+    inputs, targets, mask = evaluation_data(task, length, config, device)
+    correct = (model(inputs).argmax(dim=-1) == targets) & mask
+    per_position = correct.sum(0).float() / mask.sum(0).float()  # NaN where no target
+    return (correct.sum() / mask.sum()).item(), per_position.cpu()
+
+
+def run_encoding(task: CopyTask, name: str, config: ExperimentConfig, device=None) -> list:
+    """Train encoding ``name`` on ``task`` with every seed, evaluate at every length: one :class:`Run` per seed."""
+    ensemble, losses = train(task, name, config, device)
+    runs = []
+    for seed, model, seed_losses in zip(config.seeds, ensemble.trained_models(), losses):
+        run = Run(task.name, name, seed, seed_losses.tolist())
+        for length in config.eval_lengths:
+            run.accuracy[length], run.position_accuracy[length] = evaluate(model, task, length, config)
+        runs.append(run)
+    return runs
+
+
+def run_experiments(tasks, names, config: ExperimentConfig, device=None, progress=None) -> list:
+    """Every task x encoding x seed of ``config``; ``progress(runs)`` is called after each task and encoding."""
+    runs = []
+    for task in tasks:
+        for name in names:
+            runs.extend(run_encoding(task, name, config, device))
+            if progress is not None:
+                progress(runs[-len(config.seeds):])
+    return runs
+
+
+def accuracy_spread(runs: list, task: str, name: str, length: int) -> tuple:
+    """``(mean, min, max)`` accuracy over the seeds of one task and encoding at one length."""
+    values = [run.accuracy[length] for run in runs if run.task == task and run.encoding == name]
+    if not values:
+        raise ValueError(f"no run of encoding {name!r} on task {task!r}")
+    return sum(values) / len(values), min(values), max(values)
+
+
+def results_table(runs: list, config: ExperimentConfig) -> str:
+    """A Markdown table: one row per task and encoding, ``mean (min-max)`` accuracy in % at each length."""
+    header = ["task", "encoding"] + [f"L = {length} ({length // config.train_length}x)"
+                                     for length in config.eval_lengths]
+    lines = ["| " + " | ".join(header) + " |", "|" + "---|" * 2 + "---:|" * len(config.eval_lengths)]
+    pairs = dict.fromkeys((run.task, run.encoding) for run in runs)
+    for task, name in pairs:
+        cells = []
+        for length in config.eval_lengths:
+            mean, low, high = accuracy_spread(runs, task, name, length)
+            cells.append(f"{100 * mean:5.1f} ({100 * low:.0f}-{100 * high:.0f})")
+        lines.append(f"| {task} | {encoding_label(name)} | " + " | ".join(cells) + " |")
+    return "\n".join(lines)
+
+
+def scaled(config: ExperimentConfig, **changes) -> ExperimentConfig:
+    """``config`` with some fields changed (e.g. a larger configuration for a GPU)."""
+    return replace(config, **changes)
+
+
+__all__ = ["ExperimentConfig", "ENCODINGS", "encoding_label", "Block", "TinyTransformer", "build_model", "Run",
+           "train", "evaluation_data", "evaluate", "run_one", "run_experiments", "accuracy_spread",
+           "results_table", "scaled"]

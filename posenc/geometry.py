@@ -1,0 +1,285 @@
+"""The geometry of positions in a corpus: positional distributions, Hellinger distances, classical MDS, stress.
+
+A reconstruction of the pipeline of "On the Geometry of Positional Encodings in Transformers" (arXiv:2604.05217),
+whose exact Algorithm 1 and stress formula were not available:
+
+1. ``P_i(w)``: the frequency of token ``w`` at position ``i`` of a tokenised corpus (:func:`positional_distributions`);
+2. ``H(P_i, P_j) = sqrt(1 - sum_w sqrt(P_i(w) P_j(w)))``, the Hellinger distance (:func:`hellinger_distances`);
+3. ``B = -1/2 J D^2 J`` and its top eigenvectors scaled by ``sqrt(eigenvalue)`` (:func:`classical_mds`);
+4. the stress of any encoding against ``D`` with a fitted scale (:func:`stress`, :func:`stress_of_distances`);
+5. the rank of ``B`` (:func:`effective_rank`, :func:`entropy_effective_rank`) and the ``r (n + d)``-parameter
+   factorisation of an ``(n, d)`` encoding (:func:`low_rank_factors`).
+
+Everything is computed in float64 on the device of the input, with no Python loop over positions or pairs.
+"""
+from __future__ import annotations
+
+from typing import NamedTuple
+
+import torch
+
+from ._checks import require_int, require_tensor
+
+FLOAT = torch.float64
+
+
+def _integer_tensor(name: str, value: torch.Tensor) -> torch.Tensor:
+    require_tensor(name, value)
+    if value.is_floating_point() or value.is_complex() or value.dtype == torch.bool:
+        raise TypeError(f"{name} must hold integer token ids, got dtype {value.dtype}")
+    return value
+
+
+def _flatten_corpus(sequences, lengths):
+    """Token ids and their positions as two flat 1-D tensors, from a list of 1-D tensors or a padded 2-D one."""
+    if isinstance(sequences, (list, tuple)):
+        if lengths is not None:
+            raise ValueError("lengths is only for a padded (N, L) tensor; a list of sequences carries its lengths")
+        if not sequences:
+            raise ValueError("sequences must not be empty")
+        for index, sequence in enumerate(sequences):
+            _integer_tensor(f"sequences[{index}]", sequence)
+            if sequence.ndim != 1:
+                raise ValueError(f"sequences[{index}] must be 1-D (L,), got shape {tuple(sequence.shape)}")
+        device = sequences[0].device
+        lengths = torch.tensor([len(sequence) for sequence in sequences], device=device)
+        tokens = torch.cat([sequence.to(device) for sequence in sequences])
+        starts = torch.cumsum(lengths, 0) - lengths
+        positions = torch.arange(len(tokens), device=device) - torch.repeat_interleave(starts, lengths)
+        return tokens, positions
+    _integer_tensor("sequences", sequences)
+    if sequences.ndim != 2:
+        raise ValueError(f"sequences must be a list of 1-D tensors or a padded (N, L) tensor, got {tuple(sequences.shape)}")
+    n_sequences, width = sequences.shape
+    positions = torch.arange(width, device=sequences.device).expand(n_sequences, width)
+    if lengths is None:
+        return sequences.reshape(-1), positions.reshape(-1)
+    lengths = _integer_tensor("lengths", lengths).to(sequences.device)
+    if lengths.shape != (n_sequences,):
+        raise ValueError(f"lengths must have shape (N,) = ({n_sequences},), got {tuple(lengths.shape)}")
+    if bool((lengths < 0).any()) or bool((lengths > width).any()):
+        raise ValueError(f"lengths must lie in [0, {width}] (the padded width)")
+    inside = positions < lengths[:, None]
+    return sequences[inside], positions[inside]
+
+
+def position_token_counts(sequences, vocab_size: int, n_positions: int | None = None, lengths=None) -> torch.Tensor:
+    """``counts[i, w]``: how often token ``w`` occurs at position ``i``, shape ``(n_positions, vocab_size)``, float64.
+
+    ``sequences``: a list of 1-D integer tensors, or a padded ``(N, L)`` integer tensor with optional ``lengths``
+    ``(N,)`` (entries past a sequence's length are ignored, whatever they hold). ``n_positions`` defaults to the
+    longest sequence; positions from ``n_positions`` on are dropped (sequences are truncated, not wrapped).
+    """
+    require_int("vocab_size", vocab_size, minimum=1)
+    tokens, positions = _flatten_corpus(sequences, lengths)
+    if n_positions is None:
+        n_positions = int(positions.max()) + 1 if positions.numel() else 0
+    require_int("n_positions", n_positions, minimum=1)
+    kept = positions < n_positions
+    tokens, positions = tokens[kept], positions[kept]
+    if tokens.numel() and (int(tokens.min()) < 0 or int(tokens.max()) >= vocab_size):
+        raise ValueError(f"sequences must hold token ids in [0, vocab_size={vocab_size}), "
+                         f"got range [{int(tokens.min())}, {int(tokens.max())}]")
+    flat = positions * vocab_size + tokens
+    counts = torch.zeros(n_positions * vocab_size, dtype=FLOAT, device=tokens.device)
+    counts.index_add_(0, flat, torch.ones_like(flat, dtype=FLOAT))
+    return counts.view(n_positions, vocab_size)
+
+
+def positional_distributions(sequences, vocab_size: int, n_positions: int | None = None, lengths=None) -> torch.Tensor:
+    """``P[i, w] = count of w at position i / number of tokens at position i``: ``(n_positions, vocab_size)``, float64.
+
+    Same arguments as :func:`position_token_counts`. Every position below ``n_positions`` must occur in at least
+    one sequence (otherwise its distribution is undefined and a ``ValueError`` says which one is empty).
+    """
+    counts = position_token_counts(sequences, vocab_size, n_positions, lengths)
+    totals = counts.sum(dim=1, keepdim=True)
+    empty = (totals[:, 0] == 0).nonzero()
+    if empty.numel():
+        raise ValueError(f"n_positions: position {int(empty[0])} has no tokens in sequences; lower n_positions")
+    return counts.div_(totals)
+
+
+def _float_matrix(name: str, value, *, square: bool = False) -> torch.Tensor:
+    require_tensor(name, value)
+    if not value.is_floating_point():
+        raise TypeError(f"{name} must be a real floating-point tensor, got dtype {value.dtype}")
+    if value.ndim != 2 or (square and value.shape[0] != value.shape[1]):
+        shape = "(n, n)" if square else "(n, d)"
+        raise ValueError(f"{name} must have shape {shape}, got {tuple(value.shape)}")
+    if value.shape[0] < 2:
+        raise ValueError(f"{name} must describe at least 2 positions, got {value.shape[0]}")
+    value = value.to(FLOAT)
+    if not bool(torch.isfinite(value).all()):
+        raise ValueError(f"{name} must be finite; it contains NaN or infinity")
+    return value
+
+
+def _distance_matrix(name: str, value) -> torch.Tensor:
+    distances = _float_matrix(name, value, square=True)
+    if bool((distances < 0).any()):
+        raise ValueError(f"{name} must be non-negative")
+    scale = float(distances.abs().max())
+    if float((distances - distances.T).abs().max()) > 1e-9 * max(scale, 1.0):
+        raise ValueError(f"{name} must be symmetric")
+    return (distances + distances.T) / 2
+
+
+def hellinger_distances(distributions: torch.Tensor) -> torch.Tensor:
+    """``H[i, j] = sqrt(1 - sum_w sqrt(P_i(w) P_j(w)))`` for the rows of ``distributions`` ``(n, V)``: ``(n, n)``.
+
+    Rows must be probability vectors (non-negative, summing to 1 within 1e-6). Computed as one product
+    ``sqrt(P) @ sqrt(P).T`` over the tokens that occur at all; the Bhattacharyya coefficient is clamped to
+    ``[0, 1]`` against round-off, and the diagonal is exactly 0. ``H`` lies in ``[0, 1]`` and equals
+    ``||sqrt(P_i) - sqrt(P_j)|| / sqrt(2)``: a Euclidean (chord) distance between points of the unit sphere.
+    """
+    distributions = _float_matrix("distributions", distributions)
+    if bool((distributions < 0).any()):
+        raise ValueError("distributions must be non-negative (rows are probability vectors)")
+    if float((distributions.sum(dim=1) - 1).abs().max()) > 1e-6:
+        raise ValueError("distributions must have rows that sum to 1 (probability vectors)")
+    observed = (distributions > 0).any(dim=0)
+    roots = distributions[:, observed].sqrt()
+    overlap = roots @ roots.T
+    overlap = ((overlap + overlap.T) / 2).clamp_(0.0, 1.0)
+    distances = (1.0 - overlap).sqrt_()
+    distances.fill_diagonal_(0.0)
+    return distances
+
+
+def double_centered_gram(distances: torch.Tensor) -> torch.Tensor:
+    """``B = -1/2 J D^2 J`` with ``J = I - 11^T/n``: the Gram matrix of centred points with distances ``D``, ``(n, n)``.
+
+    ``B`` is positive semidefinite exactly when ``D`` is a Euclidean distance matrix (Schoenberg / Torgerson).
+    """
+    squared = _distance_matrix("distances", distances).square()
+    centred = squared - squared.mean(dim=0, keepdim=True) - squared.mean(dim=1, keepdim=True) + squared.mean()
+    return -0.5 * centred
+
+
+class MDSResult(NamedTuple):
+    """``embedding``: ``(n, dim)`` coordinates; ``eigenvalues``: all ``n`` eigenvalues of ``B``, descending."""
+
+    embedding: torch.Tensor
+    eigenvalues: torch.Tensor
+
+
+def effective_rank(eigenvalues: torch.Tensor, rtol: float = 1e-9) -> int:
+    """Numerical rank: the number of eigenvalues greater than ``rtol * max |eigenvalue|``.
+
+    This is the book's reading of the paper's ``r = rank(B)``; negative eigenvalues never count.
+    """
+    eigenvalues = require_tensor("eigenvalues", eigenvalues)
+    if eigenvalues.ndim != 1 or not eigenvalues.numel():
+        raise ValueError(f"eigenvalues must be a non-empty 1-D tensor, got shape {tuple(eigenvalues.shape)}")
+    if not rtol >= 0:
+        raise ValueError(f"rtol must be >= 0, got {rtol}")
+    eigenvalues = eigenvalues.to(FLOAT)
+    return int((eigenvalues > rtol * eigenvalues.abs().max()).sum())
+
+
+def entropy_effective_rank(eigenvalues: torch.Tensor) -> float:
+    """``exp(-sum p_k log p_k)`` with ``p_k = max(lambda_k, 0) / sum max(lambda, 0)`` (Roy and Vetterli, 2007).
+
+    A smooth count of the directions that carry the spread: ``r`` equal eigenvalues give exactly ``r``.
+    """
+    eigenvalues = require_tensor("eigenvalues", eigenvalues)
+    if eigenvalues.ndim != 1 or not eigenvalues.numel():
+        raise ValueError(f"eigenvalues must be a non-empty 1-D tensor, got shape {tuple(eigenvalues.shape)}")
+    positive = eigenvalues.to(FLOAT).clamp_min(0)
+    if float(positive.sum()) == 0:
+        raise ValueError("eigenvalues must contain at least one positive value")
+    weights = positive / positive.sum()
+    return float(torch.exp(-torch.special.xlogy(weights, weights).sum()))
+
+
+def classical_mds(distances: torch.Tensor, dim: int | None = None, rtol: float = 1e-9) -> MDSResult:
+    """Classical (Torgerson) MDS: the top ``dim`` eigenvectors of ``B`` scaled by ``sqrt(eigenvalue)``.
+
+    ``distances``: symmetric non-negative ``(n, n)``. ``dim`` defaults to :func:`effective_rank` of ``B`` with
+    ``rtol``; columns for non-positive eigenvalues are zero. Each column's sign is fixed so that its largest
+    entry in absolute value is positive (eigenvectors are defined only up to sign). When ``D`` is Euclidean and
+    ``dim >= rank(B)``, the embedding's distances reproduce ``D`` exactly (up to round-off).
+    """
+    gram = double_centered_gram(distances)
+    eigenvalues, eigenvectors = torch.linalg.eigh(gram)
+    eigenvalues, eigenvectors = eigenvalues.flip(0), eigenvectors.flip(1)
+    if dim is None:
+        dim = max(effective_rank(eigenvalues, rtol), 1)
+    require_int("dim", dim, minimum=1)
+    if dim > len(eigenvalues):
+        raise ValueError(f"dim must be <= n = {len(eigenvalues)}, got {dim}")
+    vectors = eigenvectors[:, :dim]
+    peaks = vectors.gather(0, vectors.abs().argmax(dim=0, keepdim=True))
+    vectors = vectors * torch.where(peaks < 0, -1.0, 1.0)
+    return MDSResult(vectors * eigenvalues[:dim].clamp_min(0).sqrt(), eigenvalues)
+
+
+def pairwise_distances(encoding: torch.Tensor) -> torch.Tensor:
+    """Euclidean distances ``||e_i - e_j||`` between the rows of an encoding ``(n, d)``: ``(n, n)``, float64."""
+    encoding = _float_matrix("encoding", encoding)
+    return torch.cdist(encoding, encoding, compute_mode="donot_use_mm_for_euclid_dist")
+
+
+def kernel_distances(kernel: torch.Tensor) -> torch.Tensor:
+    """Distances induced by a similarity kernel ``K`` ``(n, n)``: ``sqrt(max(K_ii + K_jj - 2 S_ij, 0))``.
+
+    ``S = (K + K^T) / 2`` is the symmetric part (a score kernel need not be symmetric). For ``K = E E^T`` this is
+    exactly ``||e_i - e_j||``; for a kernel that is not positive semidefinite the result is only distance-like.
+    """
+    kernel = _float_matrix("kernel", kernel, square=True)
+    symmetric = (kernel + kernel.T) / 2
+    diagonal = symmetric.diagonal()
+    return (diagonal[:, None] + diagonal[None, :] - 2 * symmetric).clamp_min_(0).sqrt_()
+
+
+def stress_of_distances(encoding_distances: torch.Tensor, distances: torch.Tensor, return_scale: bool = False):
+    """Kruskal's stress-1 of distances ``delta`` ``(n, n)`` against target ``D`` ``(n, n)``, with a fitted scale.
+
+    ``stress = sqrt(sum_{i<j} (c delta_ij - D_ij)^2 / sum_{i<j} D_ij^2)`` where ``c = sum delta D / sum delta^2``
+    is the least-squares scale (normalisation: by the target's sum of squares, over pairs ``i < j``). The result
+    is invariant to rescaling either argument and equals ``sqrt(1 - rho^2)``, ``rho`` the cosine between the two
+    vectors of pair distances; 0 means the same geometry up to scale, 1 means none at all (an encoding that gives
+    every position the same point has ``c = 0`` and stress 1). Returns a 0-d float64 tensor, and ``c`` when asked.
+    """
+    target = _distance_matrix("distances", distances)
+    fitted = _distance_matrix("encoding_distances", encoding_distances)
+    if fitted.shape != target.shape:
+        raise ValueError(f"encoding_distances and distances must have the same shape, got "
+                         f"{tuple(fitted.shape)} and {tuple(target.shape)}")
+    upper = torch.ones_like(target, dtype=torch.bool).triu_(1)
+    fitted, target = fitted[upper], target[upper]
+    target_norm = target.square().sum()
+    if float(target_norm) == 0:
+        raise ValueError("distances must not be all zero: stress is relative to the target's spread")
+    fitted_norm = fitted.square().sum()
+    scale = (fitted @ target) / fitted_norm if float(fitted_norm) > 0 else fitted_norm
+    value = ((scale * fitted - target).square().sum() / target_norm).sqrt()
+    return (value, scale) if return_scale else value
+
+
+def stress(encoding: torch.Tensor, distances: torch.Tensor, return_scale: bool = False):
+    """Stress of an encoding ``(n, d)`` (one vector per position) against target distances ``(n, n)``.
+
+    The Euclidean distances between its rows go into :func:`stress_of_distances` (see there for the formula).
+    """
+    return stress_of_distances(pairwise_distances(encoding), distances, return_scale)
+
+
+def low_rank_factors(encoding: torch.Tensor, rank: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """Best rank-``r`` factorisation ``encoding ~ U @ V`` with ``U`` ``(n, r)`` and ``V`` ``(r, d)`` (truncated SVD).
+
+    It stores ``r (n + d)`` numbers instead of ``n d``; by Eckart-Young no rank-``r`` matrix is closer in
+    Frobenius norm. An ``(n, d)`` encoding whose rank is ``r`` is reproduced exactly.
+    """
+    encoding = _float_matrix("encoding", encoding)
+    require_int("rank", rank, minimum=1)
+    if rank > min(encoding.shape):
+        raise ValueError(f"rank must be <= min(n, d) = {min(encoding.shape)}, got {rank}")
+    left, singular, right = torch.linalg.svd(encoding, full_matrices=False)
+    return left[:, :rank] * singular[:rank], right[:rank]
+
+
+__all__ = ["position_token_counts", "positional_distributions", "hellinger_distances", "double_centered_gram",
+           "MDSResult", "classical_mds", "effective_rank", "entropy_effective_rank", "pairwise_distances",
+           "kernel_distances", "stress_of_distances", "stress", "low_rank_factors"]

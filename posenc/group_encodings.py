@@ -1,0 +1,478 @@
+"""One-parameter groups as positional encodings: the maps ``exp(tX)``, a generator for every family, plug-ins.
+
+Convention (the one the book uses everywhere). A real ``D x D`` generator ``X`` defines the query map
+``F(t) = exp(tX)`` and the key map ``G(s) = F(s)^{-T} = exp(-sX)^T``. The logit of a query at time ``t`` and a key
+at time ``s`` is then
+
+    q^T F(t)^T G(s) k = q^T exp((t - s) X^T) k,
+
+a function of the offset ``t - s`` only (translation invariance). With this convention ``exp(tX)`` of
+:func:`rope_generator` is :func:`posenc.rope_matrix` ``(t)``, and a generator whose eigenvalues have negative real
+parts damps the logit as the key recedes into the past (``t - s > 0``), which is what a causal model wants.
+
+Shapes: a generator is ``(D, D)``; :class:`GroupEncoding` also takes one generator per head ``(H, D, D)``.
+Times are real (integer or float) tensors of any shape; positions for attention are ``(L,)`` or ``(B, L)``;
+N-D positions are ``(..., n)`` for ``n`` generators ``(n, D, D)``.
+
+Maps are computed with :func:`torch.linalg.matrix_exp` in the generator's dtype promoted to at least float32,
+on the generator's device.
+"""
+from __future__ import annotations
+
+import torch
+from torch import nn
+
+from ._checks import as_positions, require_int, require_positive_number, require_tensor
+from .encodings import PositionalEncoding
+from .rope import _check_layout
+from .rope_frequencies import rope_frequencies
+
+#: Relative tolerance of :func:`check_commuting`: ``||[X_i, X_j]|| <= COMMUTING_TOL * ||X_i|| ||X_j||``.
+#: Float32 round-off in a product of two generators is ~1e-7 relative, so 1e-5 leaves a wide margin while a
+#: genuinely non-commuting pair (e.g. random skew generators) gives a ratio of order 1.
+COMMUTING_TOL = 1e-5
+
+
+# checks --------------------------------------------------------------------------------------------------------
+def _work_dtype(*tensors: torch.Tensor) -> torch.dtype:
+    dtype = torch.float32
+    for tensor in tensors:
+        if tensor.is_floating_point():
+            dtype = torch.promote_types(dtype, tensor.dtype)
+    return dtype
+
+
+def check_generator(name: str, generator, *, batched: bool = False) -> torch.Tensor:
+    """``generator`` as a real float tensor ``(D, D)`` (or ``(H, D, D)`` with ``batched``); finite."""
+    require_tensor(name, generator)
+    if generator.dtype == torch.bool or generator.is_complex():
+        raise TypeError(f"{name} must be a real matrix, got dtype {generator.dtype}")
+    shapes = "(D, D) or (H, D, D)" if batched else "(D, D)"
+    if generator.ndim not in ((2, 3) if batched else (2,)) or generator.shape[-1] != generator.shape[-2]:
+        raise ValueError(f"{name} must be a square matrix of shape {shapes}, got shape {tuple(generator.shape)}")
+    if generator.shape[-1] == 0:
+        raise ValueError(f"{name} must be at least 1 x 1, got shape {tuple(generator.shape)}")
+    if not generator.is_floating_point():
+        generator = generator.to(torch.float32)
+    if generator.device.type != "meta" and not bool(torch.isfinite(generator).all()):
+        raise ValueError(f"{name} must be finite; it contains NaN or infinity")
+    return generator
+
+
+def check_times(name: str, times, device=None) -> torch.Tensor:
+    """``times`` (a Python number or a real tensor of any shape) as a finite tensor."""
+    if isinstance(times, (int, float)) and not isinstance(times, bool):
+        times = torch.tensor(float(times), device=device)
+    if isinstance(times, (list, tuple, range)):
+        times = torch.as_tensor(list(times), device=device)
+    require_tensor(name, times)
+    if times.dtype == torch.bool or times.is_complex():
+        raise TypeError(f"{name} must hold integer or real numbers, got dtype {times.dtype}")
+    if times.is_floating_point() and times.device.type != "meta" and not bool(torch.isfinite(times).all()):
+        raise ValueError(f"{name} must be finite; it contains NaN or infinity")
+    return times
+
+
+# the maps ------------------------------------------------------------------------------------------------------
+def _exp_times(generator: torch.Tensor, times: torch.Tensor) -> torch.Tensor:
+    """``exp(t X)`` for ``generator`` ``(*G, D, D)`` and ``times`` ``(*T)``: ``(*G, *T, D, D)``."""
+    dtype = _work_dtype(generator, times)
+    generator = generator.to(dtype)
+    times = times.to(device=generator.device, dtype=dtype)
+    lead = generator.shape[:-2]
+    view = generator.reshape(*lead, *([1] * times.ndim), *generator.shape[-2:])
+    return torch.linalg.matrix_exp(times[..., None, None] * view)
+
+
+def one_parameter_group(generator: torch.Tensor, t) -> torch.Tensor:
+    """``A(t) = exp(tX)``: ``generator`` ``(D, D)``, ``t`` a number or a tensor of any shape -> ``(*t.shape, D, D)``.
+
+    Float32 or better (the promoted dtype of ``generator`` and ``t``), on the generator's device.
+    ``A(0) = I`` and ``A(a) A(b) = A(a + b)``.
+    """
+    generator = check_generator("generator", generator)
+    return _exp_times(generator, check_times("t", t, generator.device))
+
+
+def commutator(x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
+    """``[X, Y] = XY - YX``."""
+    return x @ y - y @ x
+
+
+def check_commuting(generators: torch.Tensor, tol: float = COMMUTING_TOL) -> torch.Tensor:
+    """Raise ``ValueError`` unless the generators ``(n, D, D)`` commute pairwise; returns them.
+
+    Pair ``(i, j)`` commutes when ``||X_i X_j - X_j X_i||_F <= tol * ||X_i||_F ||X_j||_F`` (see
+    :data:`COMMUTING_TOL`).
+    """
+    require_tensor("generators", generators)
+    if generators.ndim != 3:
+        raise ValueError(f"generators must have shape (n, D, D), got shape {tuple(generators.shape)}")
+    norms = torch.linalg.matrix_norm(generators.double())
+    for i in range(generators.shape[0]):
+        for j in range(i + 1, generators.shape[0]):
+            size = torch.linalg.matrix_norm(commutator(generators[i].double(), generators[j].double()))
+            if size > tol * norms[i] * norms[j]:
+                ratio = (size / (norms[i] * norms[j])).item()
+                raise ValueError(
+                    f"generators {i} and {j} do not commute: ||[X_{i}, X_{j}]|| / (||X_{i}|| ||X_{j}||) = "
+                    f"{ratio:.3g} > tol = {tol:g}; exp(sum_i p_i X_i) is then not a relative encoding "
+                    "(pass check=False to use it anyway)"
+                )
+    return generators
+
+
+def _check_generators(generators) -> torch.Tensor:
+    require_tensor("generators", generators)
+    if generators.ndim != 3:
+        raise ValueError(f"generators must have shape (n, D, D), got shape {tuple(generators.shape)}")
+    for i in range(generators.shape[0]):
+        check_generator(f"generators[{i}]", generators[i])
+    return generators if generators.is_floating_point() else generators.float()
+
+
+def multi_parameter_group(generators: torch.Tensor, positions, check: bool = True,
+                          tol: float = COMMUTING_TOL) -> torch.Tensor:
+    """``A(p) = exp(sum_i p_i X_i)``: ``generators`` ``(n, D, D)``, ``positions`` ``(..., n)`` -> ``(..., D, D)``.
+
+    With ``check`` (default) the generators must commute (:func:`check_commuting`); only then is
+    ``A(p)^T A(p')^{-T}`` a function of ``p - p'``.
+    """
+    generators = _check_generators(generators)
+    if check:
+        check_commuting(generators, tol)
+    positions = check_times("positions", positions, generators.device)
+    if positions.ndim == 0 or positions.shape[-1] != generators.shape[0]:
+        raise ValueError(
+            f"positions must have shape (..., n) with n = {generators.shape[0]} (one coordinate per generator), "
+            f"got shape {tuple(positions.shape)}"
+        )
+    dtype = _work_dtype(generators, positions)
+    combined = torch.einsum("...n,nij->...ij", positions.to(device=generators.device, dtype=dtype),
+                            generators.to(dtype))
+    return torch.linalg.matrix_exp(combined)
+
+
+# generators of each family --------------------------------------------------------------------------------------
+def _pair_indices(head_dim: int, layout: str, device):
+    half = torch.arange(head_dim // 2, device=device)
+    return (half, half + head_dim // 2) if layout == "half" else (2 * half, 2 * half + 1)
+
+
+def _rotation_generator(head_dim, frequencies, damping, layout, dtype, device):
+    """Block generator: pair ``j`` gets ``[[damping_j, -frequency_j], [frequency_j, damping_j]]``."""
+    first, second = _pair_indices(head_dim, layout, device)
+    generator = torch.zeros(head_dim, head_dim, dtype=dtype, device=device)
+    frequencies = frequencies.to(device=device, dtype=dtype)
+    damping = torch.as_tensor(damping, device=device, dtype=dtype).expand_as(frequencies)
+    generator[first, second] = -frequencies
+    generator[second, first] = frequencies
+    generator[first, first] = damping
+    generator[second, second] = damping
+    return generator
+
+
+def rope_generator(head_dim: int, base: float = 10_000.0, layout: str = "half", inv_freq=None,
+                   dtype=torch.float32, device=None) -> torch.Tensor:
+    """RoPE as a generator: block skew-symmetric ``(D, D)``, pair ``j`` is ``theta_j [[0, -1], [1, 0]]``.
+
+    ``exp(tX)`` equals :func:`posenc.rope_matrix` ``(t, inv_freq, layout)``. ``inv_freq`` ``(D/2,)`` overrides the
+    default frequencies ``theta_j = base^(-2j/D)`` (any table of :mod:`posenc.rope_frequencies` fits).
+    """
+    require_int("head_dim", head_dim, minimum=2, even=True)
+    _check_layout(layout)
+    if inv_freq is None:
+        inv_freq, _ = rope_frequencies(head_dim, {"rope_theta": require_positive_number("base", base)},
+                                       device=device)
+    elif not isinstance(inv_freq, torch.Tensor) or inv_freq.shape != (head_dim // 2,):
+        raise ValueError(f"inv_freq must be a tensor of shape ({head_dim // 2},), got {inv_freq!r}")
+    return _rotation_generator(head_dim, inv_freq, 0.0, layout, dtype, device)
+
+
+def xpos_scales(head_dim: int) -> torch.Tensor:
+    """xPos's per-pair ``zeta_j = (2j + 0.4 D) / (1.4 D)``, ``j = 0 .. D/2 - 1``: shape ``(D/2,)``, float64."""
+    require_int("head_dim", head_dim, minimum=2, even=True)
+    pairs = torch.arange(head_dim // 2, dtype=torch.float64)
+    return (2 * pairs + 0.4 * head_dim) / (1.4 * head_dim)
+
+
+def xpos_generator(head_dim: int, base: float = 10_000.0, scale_base: float = 512, layout: str = "half",
+                   dtype=torch.float32, device=None) -> torch.Tensor:
+    """xPos as a damped rotation: pair ``j`` has eigenvalues ``ln(zeta_j) / B +- i theta_j`` (``B = scale_base``).
+
+    ``F(n) = exp(nX)`` is RoPE at ``n`` times ``zeta_j^(n/B)`` (the xPos query) and ``G(m) = F(m)^{-T}`` is RoPE at
+    ``m`` times ``zeta_j^(-m/B)`` (the xPos key).
+    """
+    scale_base = require_positive_number("scale_base", scale_base)
+    rotation = rope_generator(head_dim, base, layout, dtype=torch.float64, device=device)
+    damping = torch.log(xpos_scales(head_dim)).to(device) / scale_base
+    first, second = _pair_indices(head_dim, layout, device)
+    rotation[first, first] = damping
+    rotation[second, second] = damping
+    return rotation.to(dtype)
+
+
+def retnet_decays(n_heads: int) -> torch.Tensor:
+    """RetNet's per-head decay ``gamma_h = 1 - 2^(-5 - h)``, ``h = 0 .. H-1``: shape ``(H,)``, float64."""
+    require_int("n_heads", n_heads, minimum=1)
+    return 1 - 2.0 ** (-5 - torch.arange(n_heads, dtype=torch.float64))
+
+
+def damped_rope_generator(head_dim: int, decay, base: float = 10_000.0, layout: str = "half",
+                          dtype=torch.float32, device=None) -> torch.Tensor:
+    """RetNet-style damped RoPE: pair ``j`` has eigenvalues ``ln(gamma) +- i theta_j``.
+
+    ``decay``: ``gamma`` in ``(0, 1]``, a number or a tensor ``(D/2,)`` (one per pair). The logit of a query at
+    ``n`` and a key at ``m`` is RoPE's times ``gamma^(n - m)``: RetNet's ``D_nm`` with ``Theta_n = e^{i n theta}``.
+    For one generator per head, stack them: ``torch.stack([damped_rope_generator(D, g) for g in retnet_decays(H)])``.
+    """
+    gamma = torch.as_tensor(decay, dtype=torch.float64)
+    if gamma.ndim > 1 or (gamma.ndim == 1 and gamma.shape[0] != head_dim // 2):
+        raise ValueError(f"decay must be a number or a tensor of shape ({head_dim // 2},), got shape {tuple(gamma.shape)}")
+    if not bool(((gamma > 0) & (gamma <= 1)).all()):
+        raise ValueError(f"decay must lie in (0, 1] (gamma^(n - m) damps the past), got {decay}")
+    generator = rope_generator(head_dim, base, layout, dtype=torch.float64, device=device)
+    first, second = _pair_indices(head_dim, layout, device)
+    damping = torch.log(gamma).to(device).expand(head_dim // 2)
+    generator[first, first] = damping
+    generator[second, second] = damping
+    return generator.to(dtype)
+
+
+def decay_generator(dim: int, rates, dtype=torch.float32, device=None) -> torch.Tensor:
+    """Pure exponential decay ``X = -diag(rates)``: ``exp(tX) = diag(e^{-rate t})``.
+
+    ``rates``: a number or a tensor ``(dim,)``. A rate of 0 is NoPE on that feature; a negative rate is growth
+    (kept possible on purpose: the classification rejects it as unstable).
+    """
+    require_int("dim", dim, minimum=1)
+    rates = torch.as_tensor(rates, dtype=torch.float64, device=device)
+    if rates.ndim > 1 or (rates.ndim == 1 and rates.shape[0] != dim):
+        raise ValueError(f"rates must be a number or a tensor of shape ({dim},), got shape {tuple(rates.shape)}")
+    if not bool(torch.isfinite(rates).all()):
+        raise ValueError("rates must be finite")
+    return torch.diag(-rates.expand(dim)).to(dtype)
+
+
+def jordan_generator(head_dim: int, eigenvalue=0.0, frequency=None, block: int = 2, base: float = 10_000.0,
+                     dtype=torch.float32, device=None) -> torch.Tensor:
+    """The exotic class: copies of one real Jordan block, so ``exp(tX)`` is polynomial in ``t``.
+
+    * ``frequency = 0``: a real Jordan block of size ``block`` for ``eigenvalue = a``; ``exp(tX)`` has entry
+      ``(i, i + j) = e^{at} t^j / j!``. ``head_dim`` must be a multiple of ``block``.
+    * ``frequency = b != 0``: a complex pair ``a +- ib`` with Jordan size ``block``: ``block`` 2x2 rotation blocks
+      ``[[a, -b], [b, a]]`` on the diagonal and the 2x2 identity on the block super-diagonal, so for ``block = 2``
+      ``exp(tX) = e^{at} [[R(bt), t R(bt)], [0, R(bt)]]``. ``head_dim`` must be a multiple of ``2 * block``.
+    * ``frequency = None`` (default): complex pairs whose frequencies follow RoPE's geometric law over the copies,
+      ``b_c = base^(-c / n_copies)``.
+
+    ``eigenvalue`` and ``frequency`` are numbers or tensors with one entry per copy.
+    """
+    require_int("head_dim", head_dim, minimum=1)
+    require_int("block", block, minimum=1)
+    real = frequency is not None and not isinstance(frequency, torch.Tensor) and float(frequency) == 0.0
+    width = block if real else 2 * block
+    if head_dim % width:
+        raise ValueError(f"head_dim must be a multiple of {width} (copies of a {width} x {width} block), got {head_dim}")
+    copies = head_dim // width
+    if frequency is None:
+        frequency = require_positive_number("base", base) ** (-torch.arange(copies, dtype=torch.float64) / copies)
+    per_copy = {}
+    for name, value in (("eigenvalue", eigenvalue), ("frequency", frequency)):
+        value = torch.as_tensor(value, dtype=torch.float64)
+        if value.ndim > 1 or (value.ndim == 1 and value.shape[0] != copies):
+            raise ValueError(f"{name} must be a number or a tensor of shape ({copies},), got shape {tuple(value.shape)}")
+        per_copy[name] = value.expand(copies)
+    if not all(bool(torch.isfinite(v).all()) for v in per_copy.values()):
+        raise ValueError("eigenvalue and frequency must be finite")
+    blocks = []
+    for a, b in zip(per_copy["eigenvalue"].tolist(), per_copy["frequency"].tolist()):
+        if real:
+            diagonal, step = torch.tensor([[a]], dtype=torch.float64), torch.eye(1, dtype=torch.float64)
+        else:
+            diagonal, step = torch.tensor([[a, -b], [b, a]], dtype=torch.float64), torch.eye(2, dtype=torch.float64)
+        shift = torch.diag(torch.ones(block - 1, dtype=torch.float64), 1)
+        blocks.append(torch.kron(torch.eye(block, dtype=torch.float64), diagonal) + torch.kron(shift, step))
+    return torch.block_diag(*blocks).to(device=device, dtype=dtype)
+
+
+def alibi_generator(dtype=torch.float32, device=None) -> torch.Tensor:
+    """ALiBi's unipotent block ``N = [[0, 1], [0, 0]]``: ``exp(tN) = [[1, t], [0, 1]]``."""
+    return torch.tensor([[0.0, 1.0], [0.0, 0.0]], dtype=dtype, device=device)
+
+
+def alibi_vectors(slopes: torch.Tensor):
+    """The constant 2-D query and keys that turn :func:`alibi_generator` into ALiBi: ``(q_bar (2,), k_bar (H, 2))``.
+
+    ``q_bar = (0, 1)`` and ``k_bar_h = (-m_h, 0)`` give ``q_bar^T F(t)^T G(s) k_bar_h = -m_h (t - s)``, the causal
+    ALiBi bias (in the transposed convention of the Jane Street post, ``(1, 0)^T exp(aN) (0, -m) = -m a``).
+    """
+    require_tensor("slopes", slopes)
+    if slopes.ndim != 1:
+        raise ValueError(f"slopes must have shape (H,), got shape {tuple(slopes.shape)}")
+    q_bar = torch.tensor([0.0, 1.0], dtype=slopes.dtype, device=slopes.device)
+    k_bar = torch.stack((-slopes, torch.zeros_like(slopes)), dim=-1)
+    return q_bar, k_bar
+
+
+# attention plug-ins ---------------------------------------------------------------------------------------------
+def _apply_maps(maps: torch.Tensor, x: torch.Tensor, batched_positions: bool, per_head: bool) -> torch.Tensor:
+    """``maps @ x`` per position. ``maps``: ``([B,] [H,] L, D, D)``; ``x``: ``(..., L, D)`` / ``(B, [H,] L, D)``."""
+    if per_head and batched_positions:
+        return torch.einsum("bhlij,bhlj->bhli", maps, x)
+    if per_head:
+        return torch.einsum("hlij,...hlj->...hli", maps, x)
+    if batched_positions:
+        return torch.einsum("blij,blj->bli", maps, x) if x.ndim == 3 else torch.einsum("blij,bhlj->bhli", maps, x)
+    return torch.einsum("lij,...lj->...li", maps, x)
+
+
+def _check_qk(name: str, x, head_dim: int, positions: torch.Tensor, per_head: int | None):
+    require_tensor(name, x)
+    if x.ndim < 2 or x.shape[-1] != head_dim:
+        raise ValueError(f"{name} must have shape (..., L, {head_dim}), got shape {tuple(x.shape)}")
+    if positions.shape[-1] != x.shape[-2]:
+        raise ValueError(f"{name}_positions must have length {x.shape[-2]} (the length of {name}), "
+                         f"got shape {tuple(positions.shape)}")
+    if positions.ndim == 2 and (x.ndim not in (3, 4) or x.shape[0] != positions.shape[0]):
+        raise ValueError(f"{name} must have shape (B, H, L, D) or (B, L, D) with B = {positions.shape[0]} for "
+                         f"batched {name}_positions, got shape {tuple(x.shape)}")
+    if per_head is not None and (x.ndim < 3 or x.shape[-3] != per_head):
+        raise ValueError(f"{name} must have shape (..., H, L, D) with H = {per_head} (one generator per head), "
+                         f"got shape {tuple(x.shape)}")
+
+
+def _shared_rows(positions: torch.Tensor) -> torch.Tensor:
+    """``(B, L)`` positions whose rows are all equal (the usual case) -> ``(L,)``: one map per position, not B."""
+    if positions.ndim == 2 and bool((positions == positions[:1]).all()):
+        return positions[0]
+    return positions
+
+
+class _MapsEncoding(PositionalEncoding):
+    """Shared machinery: ``q -> F(t) q``, ``k -> F(s)^{-T} k``, with ``F`` given by :meth:`query_maps`."""
+
+    kind = "qk"
+
+    def query_maps(self, positions: torch.Tensor, sign: float = 1.0) -> torch.Tensor:
+        raise NotImplementedError
+
+    def key_maps(self, positions: torch.Tensor) -> torch.Tensor:
+        """``G(s) = F(s)^{-T}``, computed as ``F(-s)^T`` (exact inverse, no matrix inversion)."""
+        return self.query_maps(positions, sign=-1.0).transpose(-1, -2)
+
+    def _encode(self, x, maps, batched_positions, per_head):
+        out = _apply_maps(maps, x.to(maps.dtype), batched_positions, per_head)
+        return out.to(x.dtype) if x.is_floating_point() else out
+
+
+class GroupEncoding(_MapsEncoding):
+    """A one-parameter group ``F(t) = exp(tX)`` as a "qk" encoding; keys get ``G(s) = F(s)^{-T}``.
+
+    ``generator``: ``(D, D)``, or ``(H, D, D)`` for one generator per head (then ``q``, ``k`` are ``(..., H, L, D)``).
+    Any real generator works (rotation, decay, damped rotation, Jordan blocks); ``learnable=True`` makes it an
+    ``nn.Parameter``. Positions: ``(L,)`` or ``(B, L)``, integer or real.
+
+    ``encode_qk(q, k, q_positions, k_positions)`` with ``q`` ``(B, H, Lq, D)`` and ``k`` ``(B, H, Lk, D)`` returns
+    the encoded pair; their logit ``q'^T k'`` is ``q^T exp((t - s) X^T) k``, a function of ``t - s`` only.
+    """
+
+    def __init__(self, generator: torch.Tensor, learnable: bool = False):
+        super().__init__()
+        generator = check_generator("generator", generator, batched=True)
+        generator = generator.detach().clone().to(_work_dtype(generator))
+        if learnable:
+            self.generator = nn.Parameter(generator)
+        else:
+            self.register_buffer("generator", generator, persistent=False)
+
+    @property
+    def head_dim(self) -> int:
+        return self.generator.shape[-1]
+
+    def _per_head(self) -> int | None:
+        return self.generator.shape[0] if self.generator.ndim == 3 else None
+
+    def query_maps(self, positions, sign: float = 1.0) -> torch.Tensor:
+        """``F(t)`` for ``positions`` ``(*P)``: ``(*P, D, D)``, or ``(H, L, D, D)`` / ``(B, H, L, D, D)`` per head."""
+        positions = as_positions("positions", positions, device=self.generator.device)
+        times, inverse = torch.unique(positions, return_inverse=True)
+        maps = _exp_times(self.generator, sign * times.to(_work_dtype(self.generator, times)))
+        if self.generator.ndim == 3:  # (H, U, D, D) -> (H, *P, D, D) -> ([B,] H, L, D, D)
+            maps = maps[:, inverse]
+            return maps.movedim(0, 1) if positions.ndim == 2 else maps
+        return maps[inverse]
+
+    def encode_qk(self, q, k, q_positions, k_positions):
+        q_positions = as_positions("q_positions", q_positions, device=self.generator.device)
+        k_positions = as_positions("k_positions", k_positions, device=self.generator.device)
+        _check_qk("q", q, self.head_dim, q_positions, self._per_head())
+        _check_qk("k", k, self.head_dim, k_positions, self._per_head())
+        per_head = self._per_head() is not None
+        q_positions, k_positions = _shared_rows(q_positions), _shared_rows(k_positions)
+        q_out = self._encode(q, self.query_maps(q_positions), q_positions.ndim == 2, per_head)
+        k_out = self._encode(k, self.key_maps(k_positions), k_positions.ndim == 2, per_head)
+        return q_out, k_out
+
+    def extra_repr(self) -> str:
+        return f"generator={tuple(self.generator.shape)}, learnable={isinstance(self.generator, nn.Parameter)}"
+
+
+class MultiGroupEncoding(_MapsEncoding):
+    """N-D positions: ``F(p) = exp(sum_i p_i X_i)`` for ``generators`` ``(n, D, D)``; keys ``F(p')^{-T}``.
+
+    Positions ``(L, n)`` or ``(B, L, n)``. With ``check=True`` (default) the generators must commute
+    (:func:`check_commuting`), which is exactly when the logit depends on ``p - p'`` only; ``check=False`` allows
+    non-commuting ones (LieRE's learned dense skew generators), which are not relative.
+    """
+
+    def __init__(self, generators: torch.Tensor, learnable: bool = False, check: bool = True,
+                 tol: float = COMMUTING_TOL):
+        super().__init__()
+        generators = _check_generators(generators)
+        if check:
+            check_commuting(generators, tol)
+        generators = generators.detach().clone().to(_work_dtype(generators))
+        self.check, self.tol = check, tol
+        if learnable:
+            self.generators = nn.Parameter(generators)
+        else:
+            self.register_buffer("generators", generators, persistent=False)
+
+    def query_maps(self, positions, sign: float = 1.0) -> torch.Tensor:
+        """``F(p)`` for ``positions`` ``(..., L, n)``: ``(..., L, D, D)``."""
+        return multi_parameter_group(self.generators, sign * check_times("positions", positions,
+                                                                         self.generators.device), check=False)
+
+    def _check_nd(self, name, positions):
+        positions = check_times(f"{name}_positions", positions, self.generators.device)
+        n = self.generators.shape[0]
+        if positions.ndim not in (2, 3) or positions.shape[-1] != n:
+            raise ValueError(f"{name}_positions must have shape (L, {n}) or (B, L, {n}), "
+                             f"got shape {tuple(positions.shape)}")
+        return positions
+
+    def encode_qk(self, q, k, q_positions, k_positions):
+        q_positions, k_positions = self._check_nd("q", q_positions), self._check_nd("k", k_positions)
+        head_dim = self.generators.shape[-1]
+        _check_qk("q", q, head_dim, q_positions[..., 0], None)
+        _check_qk("k", k, head_dim, k_positions[..., 0], None)
+        q_out = self._encode(q, self.query_maps(q_positions), q_positions.ndim == 3, False)
+        k_out = self._encode(k, self.key_maps(k_positions), k_positions.ndim == 3, False)
+        return q_out, k_out
+
+
+def relative_kernel(generator: torch.Tensor, offsets) -> torch.Tensor:
+    """``K(a) = F(t)^T G(t - a) = exp(a X^T)``: the bilinear form the logit applies, ``q^T K(t - s) k``.
+
+    ``offsets`` ``(*A)`` (query time minus key time) -> ``(*A, D, D)``.
+    """
+    return one_parameter_group(generator, offsets).transpose(-1, -2)
+
+
+__all__ = [
+    "COMMUTING_TOL", "check_generator", "check_times", "one_parameter_group", "commutator", "check_commuting",
+    "multi_parameter_group", "rope_generator", "xpos_scales", "xpos_generator", "retnet_decays",
+    "damped_rope_generator", "decay_generator", "jordan_generator", "alibi_generator", "alibi_vectors",
+    "GroupEncoding", "MultiGroupEncoding", "relative_kernel",
+]

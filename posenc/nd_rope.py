@@ -1,0 +1,264 @@
+"""RoPE for positions with several coordinates (images, video): axial and mixed frequencies, and the Lie view.
+
+Pair ``j`` of a head turns by the angle ``<f_j, p>``, where ``p`` is the position (one coordinate per axis) and
+``f_j`` the pair's frequency vector, a row of ``frequencies``. Because the angle is linear in ``p``, the score
+between a query at ``p`` and a key at ``p'`` depends on ``p' - p`` only, exactly as in 1-D RoPE.
+
+* axial (RoPE-Axial): the pairs are split into ``n_axes`` equal groups and group ``a`` turns with coordinate
+  ``a`` alone, with the 1-D RoPE frequencies of a head of size ``head_dim / n_axes``;
+* mixed (RoPE-Mixed, Heo et al. 2024): every pair turns with a mixture of the coordinates, ``f_j`` pointing in
+  any direction; usually learned. Here it starts as axial turned by one random orthogonal matrix (in 2-D: one
+  random angle, Heo et al.'s initialisation).
+
+Shapes used throughout:
+
+* ``positions``: ``(L, n_axes)`` or ``(B, L, n_axes)``, integer or real; axis order is the caller's choice
+  (:func:`grid_positions` gives ``(row, column)`` for an image);
+* ``frequencies``: ``(P, n_axes)`` with ``P = head_dim / 2`` pairs;
+* ``x``: ``(..., L, D)`` as in :mod:`posenc.rope` (``(B, H, L, D)`` for heads).
+
+The Lie view (:func:`rope_generators`, :func:`lie_rotation_matrices`) writes the rotation at ``p`` as
+``exp(sum_a p_a G_a)`` with one skew-symmetric generator per axis: axial and mixed RoPE are the case where the
+generators are 2x2 blocks on shared planes, so they commute; generators that do not commute (LieRE, or turning
+overlapping planes one axis after the other) lose the relative property.
+"""
+from __future__ import annotations
+
+import torch
+
+from ._checks import require_int, require_positive_number, require_tensor
+from .encodings import PositionalEncoding
+from .rope import _check_layout, apply_rope
+from .rope_frequencies import rope_frequencies
+
+VARIANTS = ("axial", "mixed")
+DEFAULT_BASE = 100.0  # Heo et al. use 100 for image patches: a 2-D grid is short along each axis
+
+
+def grid_positions(*sizes: int, device=None) -> torch.Tensor:
+    """Every point of a grid of shape ``sizes``, row-major: ``(prod(sizes), len(sizes))`` int64.
+
+    ``grid_positions(H, W)[i] = (row, column)`` of the ``i``-th pixel of a flattened ``H x W`` image.
+    """
+    if not sizes:
+        raise ValueError("sizes must name at least one axis, e.g. grid_positions(16, 16)")
+    for axis, size in enumerate(sizes):
+        require_int(f"sizes[{axis}]", size, minimum=1)
+    axes = torch.meshgrid(*(torch.arange(size, device=device) for size in sizes), indexing="ij")
+    return torch.stack([axis.flatten() for axis in axes], dim=-1)
+
+
+def _check_head(head_dim: int, n_axes: int) -> None:
+    require_int("n_axes", n_axes, minimum=1)
+    require_int("head_dim", head_dim, minimum=2, even=True)
+    if head_dim % (2 * n_axes):
+        raise ValueError(f"head_dim must be a multiple of 2 * n_axes = {2 * n_axes} (equal pairs per axis), "
+                         f"got {head_dim}")
+
+
+def directed_frequencies(head_dim: int, directions: torch.Tensor, base: float = DEFAULT_BASE) -> torch.Tensor:
+    """Frequencies ``(head_dim / 2, n_axes)``: pair group ``a`` has the 1-D RoPE magnitudes along ``directions[:, a]``.
+
+    ``directions``: ``(n_axes, n_axes)``, one direction per column; the identity gives axial RoPE.
+    """
+    require_tensor("directions", directions)
+    if directions.ndim != 2 or directions.shape[0] != directions.shape[1]:
+        raise ValueError(f"directions must be a square matrix (n_axes, n_axes), got {tuple(directions.shape)}")
+    n_axes = directions.shape[0]
+    _check_head(head_dim, n_axes)
+    require_positive_number("base", base)
+    magnitudes, _ = rope_frequencies(head_dim // n_axes, {"rope_theta": float(base)}, device=directions.device)
+    # (n_axes groups, pairs per group, n_axes coordinates) -> (P, n_axes), group by group
+    per_group = magnitudes[None, :, None] * directions.T.to(magnitudes.dtype)[:, None, :]
+    return per_group.reshape(head_dim // 2, n_axes)
+
+
+def axial_frequencies(head_dim: int, n_axes: int = 2, base: float = DEFAULT_BASE, device=None) -> torch.Tensor:
+    """Axial RoPE: the first ``P / n_axes`` pairs turn with axis 0 only, the next with axis 1, ... ``(P, n_axes)``."""
+    require_int("n_axes", n_axes, minimum=1)
+    return directed_frequencies(head_dim, torch.eye(n_axes, device=device), base)
+
+
+def mixed_frequencies(head_dim: int, n_axes: int = 2, base: float = DEFAULT_BASE, generator=None,
+                      device=None) -> torch.Tensor:
+    """RoPE-Mixed initialisation ``(P, n_axes)``: axial frequencies turned by one random orthogonal matrix.
+
+    ``generator``: a ``torch.Generator`` for reproducible draws (the global RNG otherwise).
+    """
+    require_int("n_axes", n_axes, minimum=1)
+    gaussian = torch.randn(n_axes, n_axes, generator=generator, dtype=torch.float64)
+    orthogonal, triangular = torch.linalg.qr(gaussian)
+    orthogonal = orthogonal * torch.sign(torch.diagonal(triangular))  # uniform (Haar) among orthogonal matrices
+    return directed_frequencies(head_dim, orthogonal.to(device=device, dtype=torch.float32), base)
+
+
+def _check_frequencies(frequencies) -> torch.Tensor:
+    require_tensor("frequencies", frequencies)
+    if frequencies.ndim != 2:
+        raise ValueError(f"frequencies must have shape (P, n_axes), got {tuple(frequencies.shape)}")
+    return frequencies
+
+
+def _check_positions(positions, n_axes: int, device) -> torch.Tensor:
+    if isinstance(positions, (list, tuple)):
+        positions = torch.as_tensor(positions, device=device)
+    require_tensor("positions", positions)
+    if positions.dtype == torch.bool or positions.is_complex():
+        raise TypeError(f"positions must hold integer or real coordinates, got dtype {positions.dtype}")
+    if positions.ndim not in (2, 3) or positions.shape[-1] != n_axes:
+        raise ValueError(f"positions must have shape (L, {n_axes}) or (B, L, {n_axes}), one coordinate per axis, "
+                         f"got {tuple(positions.shape)}")
+    if positions.is_floating_point() and not bool(torch.isfinite(positions).all()):
+        raise ValueError("positions must be finite; they contain NaN or infinity")
+    return positions
+
+
+def nd_rope_angles(positions, frequencies: torch.Tensor) -> torch.Tensor:
+    """Angle of every pair at every position, ``<f_j, p>``, float32: ``(*B, L, n_axes)`` -> ``(*B, L, P)``."""
+    frequencies = _check_frequencies(frequencies)
+    positions = _check_positions(positions, frequencies.shape[-1], frequencies.device)
+    # an explicit product and sum (not a matmul) keeps the float32 angles exact on every backend
+    products = positions.to(device=frequencies.device, dtype=torch.float32)[..., None, :] * frequencies.float()
+    return products.sum(-1)
+
+
+def nd_rope_cos_sin(positions, frequencies: torch.Tensor):
+    """Half-size float32 tables ``(cos, sin)``, each ``(*B, L, P)``, ready for :func:`posenc.apply_rope`."""
+    angles = nd_rope_angles(positions, frequencies)
+    return angles.cos(), angles.sin()
+
+
+def rotate_nd(x: torch.Tensor, positions, frequencies: torch.Tensor, layout: str = "half") -> torch.Tensor:
+    """N-D RoPE in one call: ``x`` ``(..., L, D)`` rotated at ``positions`` ``(L, n_axes)``; ``D >= 2 P``."""
+    require_tensor("x", x)
+    cos, sin = nd_rope_cos_sin(positions, frequencies.to(x.device))
+    return apply_rope(x, cos, sin, layout)
+
+
+def pair_planes(head_dim: int, layout: str = "half") -> torch.Tensor:
+    """The two feature indices of every pair, ``(head_dim / 2, 2)``, for a memory layout of :mod:`posenc.rope`."""
+    require_int("head_dim", head_dim, minimum=2, even=True)
+    _check_layout(layout)
+    first = torch.arange(head_dim // 2)
+    if layout == "half":
+        return torch.stack((first, first + head_dim // 2), dim=-1)
+    return torch.stack((2 * first, 2 * first + 1), dim=-1)
+
+
+def plane_generator(head_dim: int, planes: torch.Tensor, speeds: torch.Tensor) -> torch.Tensor:
+    """Skew-symmetric ``(D, D)`` float64 matrix turning feature plane ``planes[j] = (a, b)`` at ``speeds[j]``.
+
+    ``exp(t G)`` maps ``(x_a, x_b)`` to ``(x_a cos - x_b sin, x_b cos + x_a sin)`` of the angle ``t speeds[j]``
+    when the planes are disjoint; overlapping planes are allowed (their rotations then do not commute).
+    """
+    require_int("head_dim", head_dim, minimum=2)
+    require_tensor("planes", planes)
+    require_tensor("speeds", speeds)
+    if planes.ndim != 2 or planes.shape[-1] != 2 or speeds.shape != planes.shape[:1]:
+        raise ValueError(f"planes must be (n, 2) and speeds (n,), got {tuple(planes.shape)} and {tuple(speeds.shape)}")
+    if bool((planes < 0).any()) or bool((planes >= head_dim).any()) or bool((planes[:, 0] == planes[:, 1]).any()):
+        raise ValueError(f"planes must hold two different feature indices in [0, {head_dim}) per row")
+    generator = torch.zeros(head_dim, head_dim, dtype=torch.float64, device=speeds.device)
+    a, b = planes[:, 0].to(speeds.device), planes[:, 1].to(speeds.device)
+    speeds = speeds.double()
+    generator.index_put_((b, a), speeds, accumulate=True)
+    generator.index_put_((a, b), -speeds, accumulate=True)
+    return generator
+
+
+def rope_generators(frequencies: torch.Tensor, layout: str = "half", head_dim: int | None = None) -> torch.Tensor:
+    """One skew-symmetric generator per axis, ``(n_axes, D, D)`` float64, with ``exp(sum_a p_a G_a) x`` equal to
+    :func:`rotate_nd` of ``x`` at ``p``. ``frequencies``: ``(P, n_axes)``; ``D`` defaults to ``2 P``."""
+    n_pairs = _check_frequencies(frequencies).shape[0]
+    head_dim = 2 * n_pairs if head_dim is None else head_dim
+    if head_dim < 2 * n_pairs:
+        raise ValueError(f"head_dim must be >= 2 * P = {2 * n_pairs}, got {head_dim}")
+    planes = pair_planes(2 * n_pairs, layout)  # partial rotary: only the first 2P features turn, as in apply_rope
+    return torch.stack([plane_generator(head_dim, planes, frequencies[:, axis])
+                        for axis in range(frequencies.shape[1])])
+
+
+def lie_rotation_matrices(positions, generators: torch.Tensor, sequential: bool = False) -> torch.Tensor:
+    """Rotation matrices ``(*B, L, D, D)`` float64 from generators ``(n_axes, D, D)`` at ``positions`` ``(*B, L, n_axes)``.
+
+    ``sequential=False``: ``exp(sum_a p_a G_a)`` (LieRE's form); ``True``: ``exp(p_{n-1} G_{n-1}) ... exp(p_0 G_0)``,
+    axis 0 applied first. The two agree when the generators commute.
+    """
+    require_tensor("generators", generators)
+    if generators.ndim != 3 or generators.shape[-1] != generators.shape[-2]:
+        raise ValueError(f"generators must have shape (n_axes, D, D), got {tuple(generators.shape)}")
+    positions = _check_positions(positions, generators.shape[0], generators.device)
+    positions = positions.to(device=generators.device, dtype=torch.float64)
+    scaled = positions[..., :, None, None] * generators.double()  # (*B, L, n_axes, D, D)
+    if not sequential:
+        return torch.linalg.matrix_exp(scaled.sum(-3))
+    factors = torch.linalg.matrix_exp(scaled)
+    result = factors[..., 0, :, :]
+    for axis in range(1, generators.shape[0]):
+        result = factors[..., axis, :, :] @ result
+    return result
+
+
+class NDRoPE(PositionalEncoding):
+    """N-D RoPE as a plug-in "qk" encoding for :func:`posenc.attention` (axial or mixed).
+
+    Positions reach :meth:`encode_qk` either as coordinates ``(L, n_axes)`` / ``(B, L, n_axes)``, or, when the
+    module holds a table ``coordinates`` ``(N, n_axes)`` (e.g. :func:`grid_positions`), as integer indices
+    ``(L,)`` / ``(B, L)`` into it: that is what :func:`posenc.attention` passes (token ``i`` -> pixel ``i``).
+
+    ``learnable`` (default: True for mixed, False for axial) makes ``frequencies`` an ``nn.Parameter``.
+    """
+
+    kind = "qk"
+
+    def __init__(self, head_dim: int, n_axes: int = 2, variant: str = "axial", base: float = DEFAULT_BASE,
+                 coordinates: torch.Tensor | None = None, learnable: bool | None = None, layout: str = "half",
+                 generator=None):
+        super().__init__()
+        if variant not in VARIANTS:
+            raise ValueError(f"variant must be one of {VARIANTS}, got {variant!r}")
+        self.variant, self.layout = variant, _check_layout(layout)
+        if variant == "axial":
+            frequencies = axial_frequencies(head_dim, n_axes, base)
+        else:
+            frequencies = mixed_frequencies(head_dim, n_axes, base, generator=generator)
+        learnable = variant == "mixed" if learnable is None else learnable
+        if learnable:
+            self.frequencies = torch.nn.Parameter(frequencies)
+        else:
+            self.register_buffer("frequencies", frequencies, persistent=True)
+        if coordinates is not None:
+            require_tensor("coordinates", coordinates)
+            if coordinates.ndim != 2 or coordinates.shape[-1] != n_axes:
+                raise ValueError(f"coordinates must have shape (N, {n_axes}), got {tuple(coordinates.shape)}")
+            self.register_buffer("coordinates", coordinates.clone(), persistent=False)
+        else:
+            self.coordinates = None
+
+    def coordinates_of(self, positions) -> torch.Tensor:
+        """Coordinates ``(*B, L, n_axes)`` of ``positions`` (indices into :attr:`coordinates` when it is set)."""
+        if self.coordinates is None:
+            return _check_positions(positions, self.frequencies.shape[-1], self.frequencies.device)
+        positions = torch.as_tensor(positions, device=self.coordinates.device)
+        if positions.is_floating_point() or positions.ndim not in (1, 2):
+            raise ValueError(f"positions must be integer indices (L,) or (B, L) into coordinates, got "
+                             f"dtype {positions.dtype} and shape {tuple(positions.shape)}")
+        if positions.numel() and (int(positions.min()) < 0 or int(positions.max()) >= len(self.coordinates)):
+            raise ValueError(f"positions must index coordinates, i.e. lie in [0, {len(self.coordinates)})")
+        return self.coordinates[positions]
+
+    def rotate(self, x: torch.Tensor, positions) -> torch.Tensor:
+        """``x`` ``(..., L, D)`` rotated at ``positions`` (see the class docstring)."""
+        return rotate_nd(x, self.coordinates_of(positions), self.frequencies, self.layout)
+
+    def encode_qk(self, q, k, q_positions, k_positions):
+        return self.rotate(q, q_positions), self.rotate(k, k_positions)
+
+    def extra_repr(self) -> str:
+        return (f"variant={self.variant!r}, pairs={self.frequencies.shape[0]}, n_axes={self.frequencies.shape[1]}, "
+                f"layout={self.layout!r}, learnable={isinstance(self.frequencies, torch.nn.Parameter)}")
+
+
+__all__ = ["VARIANTS", "grid_positions", "directed_frequencies", "axial_frequencies", "mixed_frequencies",
+           "nd_rope_angles", "nd_rope_cos_sin", "rotate_nd", "pair_planes", "plane_generator", "rope_generators",
+           "lie_rotation_matrices", "NDRoPE"]

@@ -1,0 +1,112 @@
+"""Measuring RoPE: the long-range bound, per-pair logits, angle errors, and whether scores are relative.
+
+Conventions: a query at position ``m`` and a key at ``n`` are ``distance = m - n`` apart (positive for keys in
+the past). The RoPE logit is ``<R(m) q, R(n) k> = q^T R(n - m) k``; pair ``i``, written as the complex numbers
+``z_q = q_a + i q_b`` and ``z_k = k_a + i k_b``, contributes ``Re(conj(z_q) z_k exp(-i distance theta_i))``.
+"""
+from __future__ import annotations
+
+import math
+
+import torch
+
+from ._checks import require_tensor
+from .nd_rope import pair_planes
+
+
+def _as_float64(name: str, values, device=None) -> torch.Tensor:
+    if isinstance(values, (list, tuple, range)):
+        values = torch.as_tensor(list(values), device=device)
+    require_tensor(name, values)
+    if values.dtype == torch.bool or values.is_complex():
+        raise TypeError(f"{name} must hold real numbers, got dtype {values.dtype}")
+    return values.to(dtype=torch.float64, device=device)
+
+
+def _check_inv_freq(inv_freq) -> torch.Tensor:
+    require_tensor("inv_freq", inv_freq)
+    if inv_freq.ndim != 1 or inv_freq.numel() == 0:
+        raise ValueError(f"inv_freq must have shape (P,) with P >= 1, got {tuple(inv_freq.shape)}")
+    return inv_freq
+
+
+def relative_upper_bound(distances, inv_freq: torch.Tensor) -> torch.Tensor:
+    """RoFormer's long-range bound ``(1 / P) sum_{j=1}^{P} |S_j|`` with ``S_j = sum_{i<j} exp(i distance theta_i)``.
+
+    ``distances``: ``(N,)``; ``inv_freq``: ``(P,)`` (``P = d / 2``). Returns ``(N,)`` float64. The logit of a
+    query and a key ``distance`` apart is at most ``max_i |h_{i+1} - h_i|`` times ``P`` times this value
+    (Abel summation, Su et al. 2021, section 3.4.3), where ``h_i = conj(z_q) z_k`` per pair.
+    """
+    inv_freq = _check_inv_freq(inv_freq)
+    distances = _as_float64("distances", distances, inv_freq.device)
+    if distances.ndim != 1:
+        raise ValueError(f"distances must have shape (N,), got {tuple(distances.shape)}")
+    phases = torch.polar(torch.ones((), dtype=torch.float64, device=inv_freq.device),
+                         distances[:, None] * inv_freq.double())  # (N, P)
+    partial_sums = phases.cumsum(-1)  # S_1 .. S_P: S_j sums the first j phases
+    return partial_sums.abs().mean(-1)
+
+
+def _as_complex_pairs(x: torch.Tensor, layout: str) -> torch.Tensor:
+    planes = pair_planes(x.shape[-1], layout).to(x.device)
+    x = x.double()
+    return torch.complex(x[..., planes[:, 0]], x[..., planes[:, 1]])
+
+
+def pair_logit_contributions(q: torch.Tensor, k: torch.Tensor, distances, inv_freq: torch.Tensor,
+                             layout: str = "half") -> torch.Tensor:
+    """Each pair's share of the RoPE logit ``<R(m) q, R(n) k>`` for ``m - n = distance``: ``(..., N, P)`` float64.
+
+    ``q``, ``k``: ``(..., D)`` with ``D = 2 P`` (broadcast together); ``distances``: ``(N,)``; ``inv_freq``:
+    ``(P,)``. Summing over the last axis gives the logit (before the ``1 / sqrt(D)`` scale).
+    """
+    require_tensor("q", q)
+    require_tensor("k", k)
+    inv_freq = _check_inv_freq(inv_freq)
+    if q.shape[-1] != k.shape[-1] or q.shape[-1] != 2 * inv_freq.shape[-1]:
+        raise ValueError(f"q and k must have last axis D = 2 * len(inv_freq) = {2 * inv_freq.shape[-1]}, "
+                         f"got {q.shape[-1]} and {k.shape[-1]}")
+    distances = _as_float64("distances", distances, q.device)
+    if distances.ndim != 1:
+        raise ValueError(f"distances must have shape (N,), got {tuple(distances.shape)}")
+    product = _as_complex_pairs(q, layout).conj() * _as_complex_pairs(k, layout)  # (..., P)
+    turn = torch.polar(torch.ones((), dtype=torch.float64, device=q.device),
+                       -distances[:, None] * inv_freq.to(q.device).double())  # (N, P)
+    return (product[..., None, :] * turn).real
+
+
+def wrapped_angle_error(angles: torch.Tensor, reference: torch.Tensor) -> torch.Tensor:
+    """``|angles - reference|`` measured around the circle, in ``[0, pi]``, float64 (shapes broadcast)."""
+    require_tensor("angles", angles)
+    require_tensor("reference", reference)
+    difference = angles.double() - reference.double()
+    return torch.remainder(difference + math.pi, 2 * math.pi).sub(math.pi).abs()
+
+
+def max_offset_spread(scores: torch.Tensor, q_positions, k_positions) -> float:
+    """How far ``scores`` are from relative: the largest ``max - min`` among scores that share one offset.
+
+    ``scores``: ``(Lq, Lk)``; positions ``(Lq,)``/``(Lk,)`` or ``(Lq, n_axes)``/``(Lk, n_axes)``. A score that is a
+    function of ``q_position - k_position`` alone gives 0 (up to round-off).
+    """
+    require_tensor("scores", scores)
+    q_positions = _as_float64("q_positions", q_positions, scores.device)
+    k_positions = _as_float64("k_positions", k_positions, scores.device)
+    q_positions = q_positions[:, None] if q_positions.ndim == 1 else q_positions
+    k_positions = k_positions[:, None] if k_positions.ndim == 1 else k_positions
+    if scores.shape != (q_positions.shape[0], k_positions.shape[0]) or q_positions.shape[1] != k_positions.shape[1]:
+        raise ValueError(f"scores must be (Lq, Lk) = ({q_positions.shape[0]}, {k_positions.shape[0]}) and the "
+                         f"positions must have the same number of axes, got {tuple(scores.shape)}, "
+                         f"{tuple(q_positions.shape)}, {tuple(k_positions.shape)}")
+    offsets = (q_positions[:, None, :] - k_positions[None, :, :]).reshape(-1, q_positions.shape[1])
+    _, group = torch.unique(offsets, dim=0, return_inverse=True)
+    values = scores.reshape(-1).double()
+    n_groups = int(group.max()) + 1
+    highest = torch.full((n_groups,), -math.inf, dtype=torch.float64, device=scores.device)
+    lowest = torch.full((n_groups,), math.inf, dtype=torch.float64, device=scores.device)
+    highest = highest.scatter_reduce(0, group, values, reduce="amax")
+    lowest = lowest.scatter_reduce(0, group, values, reduce="amin")
+    return float((highest - lowest).max())
+
+
+__all__ = ["relative_upper_bound", "pair_logit_contributions", "wrapped_angle_error", "max_offset_spread"]

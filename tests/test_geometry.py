@@ -1,0 +1,241 @@
+"""posenc.geometry: positional distributions, Hellinger distances, classical MDS, stress, ranks."""
+import math
+
+import pytest
+import torch
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from posenc import geometry
+
+SEEDS = st.integers(0, 2**31 - 1)
+
+
+def random_distributions(n, vocab, seed, sparsity=0.5):
+    generator = torch.Generator().manual_seed(seed)
+    weights = torch.rand(n, vocab, generator=generator, dtype=torch.float64)
+    weights[torch.rand(n, vocab, generator=generator) < sparsity] = 0
+    weights[:, 0] += 1e-3  # no empty row
+    return weights / weights.sum(dim=1, keepdim=True)
+
+
+def random_corpus(seed, n_sequences=30, vocab=7, max_length=9):
+    generator = torch.Generator().manual_seed(seed)
+    lengths = torch.randint(1, max_length + 1, (n_sequences,), generator=generator)
+    lengths[0] = max_length
+    return [torch.randint(0, vocab, (int(length),), generator=generator) for length in lengths]
+
+
+# positional distributions -------------------------------------------------------------------------------------
+def test_counts_of_a_tiny_corpus_by_hand():
+    sequences = [torch.tensor([2, 0, 1]), torch.tensor([2, 1]), torch.tensor([0])]
+    counts = geometry.position_token_counts(sequences, vocab_size=3)
+    expected = torch.tensor([[1.0, 0.0, 2.0], [1.0, 1.0, 0.0], [0.0, 1.0, 0.0]], dtype=torch.float64)
+    assert counts.dtype == torch.float64 and torch.equal(counts, expected)
+    distributions = geometry.positional_distributions(sequences, vocab_size=3)
+    assert torch.equal(distributions, expected / expected.sum(dim=1, keepdim=True))
+
+
+@settings(max_examples=25, deadline=None)
+@given(SEEDS)
+def test_distributions_match_a_python_loop_and_both_input_forms(seed):
+    sequences, vocab = random_corpus(seed), 7
+    n = max(len(s) for s in sequences)
+    counts = torch.zeros(n, vocab, dtype=torch.float64)
+    for sequence in sequences:
+        for position, token in enumerate(sequence.tolist()):
+            counts[position, token] += 1
+    from_list = geometry.positional_distributions(sequences, vocab)
+    assert torch.allclose(from_list, counts / counts.sum(dim=1, keepdim=True), atol=0, rtol=1e-15)
+    padded = torch.full((len(sequences), n), -5)  # padding holds garbage: it must be ignored
+    for row, sequence in enumerate(sequences):
+        padded[row, : len(sequence)] = sequence
+    lengths = torch.tensor([len(s) for s in sequences])
+    assert torch.equal(geometry.positional_distributions(padded, vocab, lengths=lengths), from_list)
+    assert torch.allclose(from_list.sum(dim=1), torch.ones(n, dtype=torch.float64))
+
+
+def test_n_positions_truncates_sequences():
+    sequences = random_corpus(3)
+    full = geometry.position_token_counts(sequences, 7)
+    assert torch.equal(geometry.position_token_counts(sequences, 7, n_positions=4), full[:4])
+    assert torch.equal(geometry.position_token_counts(torch.stack([s[:1] for s in sequences]), 7), full[:1])
+
+
+# Hellinger distances ------------------------------------------------------------------------------------------
+@settings(max_examples=25, deadline=None)
+@given(SEEDS, st.integers(2, 12), st.integers(1, 40))
+def test_hellinger_properties_and_chord_identity(seed, n, vocab):
+    distributions = random_distributions(n, vocab, seed)
+    distances = geometry.hellinger_distances(distributions)
+    assert distances.shape == (n, n) and distances.dtype == torch.float64
+    assert torch.equal(distances.diagonal(), torch.zeros(n, dtype=torch.float64))
+    assert torch.equal(distances, distances.T)
+    assert float(distances.min()) >= 0 and float(distances.max()) <= 1
+    roots = distributions.sqrt()
+    chord = torch.cdist(roots, roots)
+    assert torch.allclose(chord, math.sqrt(2) * distances, atol=1e-7)
+    direct = (1 - (roots[:, None, :] * roots[None, :, :]).sum(-1)).clamp_min(0).sqrt()
+    assert torch.allclose(distances, direct.fill_diagonal_(0), atol=1e-7)
+
+
+def test_hellinger_extremes():
+    distributions = torch.tensor([[0.5, 0.5, 0, 0], [0, 0, 0.3, 0.7], [0.5, 0.5, 0, 0]], dtype=torch.float64)
+    distances = geometry.hellinger_distances(distributions)
+    assert distances[0, 1] == 1 and distances[1, 2] == 1  # disjoint supports
+    assert distances[0, 2] == 0  # identical rows
+
+
+@settings(max_examples=15, deadline=None)
+@given(SEEDS, st.integers(3, 25))
+def test_hellinger_gram_is_positive_semidefinite(seed, n):
+    distances = geometry.hellinger_distances(random_distributions(n, 30, seed))
+    eigenvalues = torch.linalg.eigvalsh(geometry.double_centered_gram(distances))
+    assert float(eigenvalues.min()) >= -1e-12 * float(eigenvalues.max())
+    assert geometry.effective_rank(eigenvalues) <= n - 1
+
+
+# classical MDS ------------------------------------------------------------------------------------------------
+@settings(max_examples=25, deadline=None)
+@given(SEEDS, st.integers(3, 20), st.integers(1, 5))
+def test_mds_recovers_a_euclidean_configuration(seed, n, dim):
+    generator = torch.Generator().manual_seed(seed)
+    points = torch.randn(n, dim, generator=generator, dtype=torch.float64)
+    rotation, _ = torch.linalg.qr(torch.randn(dim, dim, generator=generator, dtype=torch.float64))
+    moved = points @ rotation + torch.randn(dim, generator=generator, dtype=torch.float64)
+    distances = geometry.pairwise_distances(points)
+    result = geometry.classical_mds(distances)
+    assert result.embedding.shape == (n, min(dim, n - 1))
+    assert torch.allclose(geometry.pairwise_distances(result.embedding), distances, atol=1e-9)
+    assert torch.allclose(geometry.pairwise_distances(moved), distances, atol=1e-9)  # rigid motion: same D
+    assert torch.allclose(geometry.classical_mds(geometry.pairwise_distances(moved)).embedding.abs(),
+                          result.embedding.abs(), atol=1e-6)
+    assert float(geometry.stress(result.embedding, distances)) < 1e-9
+    assert torch.allclose(result.embedding.mean(dim=0), torch.zeros(result.embedding.shape[1], dtype=torch.float64),
+                          atol=1e-9)  # MDS coordinates are centred
+
+
+def test_mds_of_a_line_is_the_line():
+    positions = torch.arange(10, dtype=torch.float64)
+    distances = (positions[:, None] - positions[None, :]).abs()
+    result = geometry.classical_mds(distances)
+    assert result.embedding.shape == (10, 1)
+    assert torch.allclose(result.embedding[:, 0].abs(), (positions - positions.mean()).abs(), atol=1e-9)
+
+
+def test_mds_eigenvalues_are_descending_and_truncation_keeps_the_top_ones():
+    distances = geometry.hellinger_distances(random_distributions(15, 20, 1))
+    result = geometry.classical_mds(distances, dim=3)
+    assert torch.all(result.eigenvalues[:-1] >= result.eigenvalues[1:])
+    assert torch.allclose(result.embedding.square().sum(dim=0), result.eigenvalues[:3], rtol=1e-9)
+
+
+# effective rank and the r (n + d) parametrisation --------------------------------------------------------------
+@settings(max_examples=20, deadline=None)
+@given(SEEDS, st.integers(1, 6))
+def test_effective_rank_of_a_low_rank_configuration(seed, rank):
+    generator = torch.Generator().manual_seed(seed)
+    n, d = 30, 16
+    encoding = torch.randn(n, rank, generator=generator, dtype=torch.float64) @ torch.randn(
+        rank, d, generator=generator, dtype=torch.float64)
+    eigenvalues = geometry.classical_mds(geometry.pairwise_distances(encoding)).eigenvalues
+    assert geometry.effective_rank(eigenvalues) == rank
+    left, right = geometry.low_rank_factors(encoding, rank)
+    assert left.shape == (n, rank) and right.shape == (rank, d)
+    assert left.numel() + right.numel() == rank * (n + d) < n * d
+    assert torch.allclose(left @ right, encoding, atol=1e-10)
+
+
+def test_entropy_effective_rank():
+    assert geometry.entropy_effective_rank(torch.tensor([2.0, 2.0, 2.0, 0.0, -1e-17])) == pytest.approx(3.0)
+    assert geometry.entropy_effective_rank(torch.tensor([1.0, 0.0])) == pytest.approx(1.0)
+    skewed = geometry.entropy_effective_rank(torch.tensor([10.0, 1.0, 1.0]))
+    assert 1.0 < skewed < 3.0
+    simplex = geometry.classical_mds(1.0 - torch.eye(6, dtype=torch.float64)).eigenvalues  # equidistant points
+    assert geometry.entropy_effective_rank(simplex) == pytest.approx(5.0)
+
+
+def test_low_rank_factors_are_the_best_approximation():
+    matrix = torch.randn(12, 9, dtype=torch.float64, generator=torch.Generator().manual_seed(0))
+    singular = torch.linalg.svdvals(matrix)
+    left, right = geometry.low_rank_factors(matrix, 4)
+    error = torch.linalg.matrix_norm(matrix - left @ right)
+    assert float(error) == pytest.approx(float(singular[4:].square().sum().sqrt()), rel=1e-10)
+
+
+# stress -------------------------------------------------------------------------------------------------------
+@settings(max_examples=25, deadline=None)
+@given(SEEDS, st.floats(1e-3, 1e3))
+def test_stress_is_scale_invariant_and_equals_the_cosine_form(seed, factor):
+    generator = torch.Generator().manual_seed(seed)
+    encoding = torch.randn(10, 4, generator=generator, dtype=torch.float64)
+    target = geometry.hellinger_distances(random_distributions(10, 12, seed))
+    value, scale = geometry.stress(encoding, target, return_scale=True)
+    assert 0 <= float(value) <= 1
+    assert torch.allclose(geometry.stress(factor * encoding, target), value, atol=1e-12)
+    assert torch.allclose(geometry.stress(encoding, factor * target), value, atol=1e-12)
+    upper = torch.ones(10, 10, dtype=torch.bool).triu(1)
+    fitted, wanted = geometry.pairwise_distances(encoding)[upper], target[upper]
+    cosine = fitted @ wanted / (fitted.norm() * wanted.norm())
+    assert torch.allclose(value, (1 - cosine**2).sqrt(), atol=1e-7)
+    for other in (0.5 * scale, 0.9 * scale, 1.1 * scale, 2 * scale):  # the fitted scale is the least-squares one
+        assert float(((other * fitted - wanted).square().sum() / wanted.square().sum()).sqrt()) > float(value)
+
+
+def test_stress_of_a_constant_encoding_is_one_and_of_the_target_itself_zero():
+    target = geometry.hellinger_distances(random_distributions(8, 10, 5))
+    assert float(geometry.stress(torch.ones(8, 3, dtype=torch.float64), target)) == 1.0
+    assert float(geometry.stress_of_distances(target, target)) < 1e-12
+
+
+def test_kernel_distances_of_a_gram_matrix_are_euclidean():
+    encoding = torch.randn(9, 5, dtype=torch.float64, generator=torch.Generator().manual_seed(2))
+    assert torch.allclose(geometry.kernel_distances(encoding @ encoding.T), geometry.pairwise_distances(encoding),
+                          atol=1e-7)
+    skew = torch.randn(9, 9, dtype=torch.float64, generator=torch.Generator().manual_seed(3))
+    assert torch.allclose(geometry.kernel_distances(skew), geometry.kernel_distances(skew.T), atol=0)
+
+
+def test_float32_input_is_computed_in_float64():
+    distributions = random_distributions(6, 8, 0).float()
+    assert geometry.hellinger_distances(distributions).dtype == torch.float64
+    assert geometry.classical_mds(geometry.hellinger_distances(distributions)).embedding.dtype == torch.float64
+
+
+# bad input ----------------------------------------------------------------------------------------------------
+@pytest.mark.parametrize("call, error, name", [
+    (lambda: geometry.positional_distributions([[1, 2]], 3), TypeError, "sequences[0]"),
+    (lambda: geometry.positional_distributions([torch.tensor([1.0])], 3), TypeError, "sequences[0]"),
+    (lambda: geometry.positional_distributions([], 3), ValueError, "sequences"),
+    (lambda: geometry.positional_distributions(torch.zeros(2, 2, 2, dtype=torch.long), 3), ValueError, "sequences"),
+    (lambda: geometry.positional_distributions([torch.tensor([3])], 3), ValueError, "vocab_size"),
+    (lambda: geometry.positional_distributions([torch.tensor([1])], 0), ValueError, "vocab_size"),
+    (lambda: geometry.positional_distributions([torch.tensor([1])], 3, n_positions=2), ValueError, "n_positions"),
+    (lambda: geometry.positional_distributions([torch.tensor([1])], 3, lengths=torch.tensor([1])), ValueError,
+     "lengths"),
+    (lambda: geometry.positional_distributions(torch.zeros(2, 3, dtype=torch.long), 3, lengths=torch.tensor([1])),
+     ValueError, "lengths"),
+    (lambda: geometry.positional_distributions(torch.zeros(2, 3, dtype=torch.long), 3, lengths=torch.tensor([1, 4])),
+     ValueError, "lengths"),
+    (lambda: geometry.hellinger_distances([[0.5, 0.5]]), TypeError, "distributions"),
+    (lambda: geometry.hellinger_distances(torch.tensor([[1, 0], [0, 1]])), TypeError, "distributions"),
+    (lambda: geometry.hellinger_distances(torch.tensor([[0.5, 0.6], [0.5, 0.5]])), ValueError, "distributions"),
+    (lambda: geometry.hellinger_distances(torch.tensor([[1.5, -0.5], [0.5, 0.5]])), ValueError, "distributions"),
+    (lambda: geometry.hellinger_distances(torch.tensor([[float("nan"), 1.0], [0.5, 0.5]])), ValueError,
+     "distributions"),
+    (lambda: geometry.classical_mds(torch.ones(3, 4)), ValueError, "distances"),
+    (lambda: geometry.classical_mds(torch.tensor([[0.0, 1.0], [2.0, 0.0]])), ValueError, "distances"),
+    (lambda: geometry.classical_mds(-torch.ones(2, 2)), ValueError, "distances"),
+    (lambda: geometry.classical_mds(1 - torch.eye(3), dim=4), ValueError, "dim"),
+    (lambda: geometry.classical_mds(1 - torch.eye(3), dim=1.5), TypeError, "dim"),
+    (lambda: geometry.stress(torch.ones(3), 1 - torch.eye(3)), ValueError, "encoding"),
+    (lambda: geometry.stress(torch.randn(4, 2), 1 - torch.eye(3)), ValueError, "same shape"),
+    (lambda: geometry.stress(torch.randn(3, 2), torch.zeros(3, 3)), ValueError, "distances"),
+    (lambda: geometry.kernel_distances(torch.ones(2, 3)), ValueError, "kernel"),
+    (lambda: geometry.effective_rank(torch.ones(2, 2)), ValueError, "eigenvalues"),
+    (lambda: geometry.entropy_effective_rank(-torch.ones(3)), ValueError, "eigenvalues"),
+    (lambda: geometry.low_rank_factors(torch.randn(4, 3), 4), ValueError, "rank"),
+])
+def test_bad_input_names_the_argument(call, error, name):
+    with pytest.raises(error, match=name.replace("[", r"\[").replace("]", r"\]")):
+        call()
