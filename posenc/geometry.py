@@ -7,7 +7,9 @@ whose exact Algorithm 1 and stress formula were not available:
 2. ``H(P_i, P_j) = sqrt(1 - sum_w sqrt(P_i(w) P_j(w)))``, the Hellinger distance (:func:`hellinger_distances`);
 3. ``B = -1/2 J D^2 J`` and its top eigenvectors scaled by ``sqrt(eigenvalue)`` (:func:`classical_mds`);
 4. the stress of any encoding against ``D`` with a fitted scale (:func:`stress`, :func:`stress_of_distances`);
-5. the rank of ``B`` (:func:`effective_rank`, :func:`entropy_effective_rank`) and the ``r (n + d)``-parameter
+5. the best distances that depend only on ``|i - j|`` (:func:`toeplitz_projection`): a floor for the stress of
+   every shift-invariant encoding;
+6. the rank of ``B`` (:func:`effective_rank`, :func:`entropy_effective_rank`) and the ``r (n + d)``-parameter
    factorisation of an ``(n, d)`` encoding (:func:`low_rank_factors`).
 
 Everything is computed in float64 on the device of the input, with no Python loop over positions or pairs.
@@ -139,7 +141,7 @@ def hellinger_distances(distributions: torch.Tensor) -> torch.Tensor:
     if float((distributions.sum(dim=1) - 1).abs().max()) > 1e-6:
         raise ValueError("distributions must have rows that sum to 1 (probability vectors)")
     observed = (distributions > 0).any(dim=0)
-    roots = distributions[:, observed].sqrt()
+    roots = distributions[:, observed].sqrt_()  # boolean indexing made a copy: take its root in place
     overlap = roots @ roots.T
     overlap = ((overlap + overlap.T) / 2).clamp_(0.0, 1.0)
     distances = (1.0 - overlap).sqrt_()
@@ -266,6 +268,22 @@ def stress(encoding: torch.Tensor, distances: torch.Tensor, return_scale: bool =
     return stress_of_distances(pairwise_distances(encoding), distances, return_scale)
 
 
+def toeplitz_projection(distances: torch.Tensor) -> torch.Tensor:
+    """The matrix closest to ``distances`` ``(n, n)`` among those that depend only on ``|i - j|``: ``(n, n)``.
+
+    Each diagonal is replaced by its mean (least squares, diagonal kept at 0). Every shift-invariant encoding
+    (sinusoidal, RoPE features, ALiBi) has distances of this form, so since that set is a linear space closed
+    under scaling, ``stress_of_distances(toeplitz_projection(D), D)`` is a lower bound on the stress of any of them.
+    """
+    distances = _distance_matrix("distances", distances)
+    positions = torch.arange(distances.shape[0], device=distances.device)
+    offsets = (positions[:, None] - positions[None, :]).abs()
+    sums = torch.zeros(distances.shape[0], dtype=FLOAT, device=distances.device).index_add_(
+        0, offsets.reshape(-1), distances.reshape(-1))
+    means = sums / torch.bincount(offsets.reshape(-1), minlength=distances.shape[0])
+    return means[offsets]
+
+
 def low_rank_factors(encoding: torch.Tensor, rank: int) -> tuple[torch.Tensor, torch.Tensor]:
     """Best rank-``r`` factorisation ``encoding ~ U @ V`` with ``U`` ``(n, r)`` and ``V`` ``(r, d)`` (truncated SVD).
 
@@ -282,4 +300,4 @@ def low_rank_factors(encoding: torch.Tensor, rank: int) -> tuple[torch.Tensor, t
 
 __all__ = ["position_token_counts", "positional_distributions", "hellinger_distances", "double_centered_gram",
            "MDSResult", "classical_mds", "effective_rank", "entropy_effective_rank", "pairwise_distances",
-           "kernel_distances", "stress_of_distances", "stress", "low_rank_factors"]
+           "kernel_distances", "stress_of_distances", "stress", "toeplitz_projection", "low_rank_factors"]

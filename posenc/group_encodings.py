@@ -19,6 +19,8 @@ on the generator's device.
 """
 from __future__ import annotations
 
+import math
+
 import torch
 from torch import nn
 
@@ -74,14 +76,42 @@ def check_times(name: str, times, device=None) -> torch.Tensor:
 
 
 # the maps ------------------------------------------------------------------------------------------------------
+#: From this many integer times on, :func:`_exp_times` uses the group law on a grid instead of one exp per time.
+GRID_MIN_TIMES = 64
+
+
+def _exp_each(generator: torch.Tensor, times: torch.Tensor) -> torch.Tensor:
+    view = generator.reshape(*generator.shape[:-2], *([1] * times.ndim), *generator.shape[-2:])
+    return torch.linalg.matrix_exp(times[..., None, None] * view)
+
+
+def _exp_on_grid(generator: torch.Tensor, times: torch.Tensor) -> torch.Tensor:
+    """Integer times ``t = t0 + c * step + f`` (``0 <= f < step ~ sqrt(span)``): ``exp(tX) = exp((t0 + c step) X) exp(fX)``.
+
+    About ``2 sqrt(span)`` matrix exponentials (of smaller norm) and one batched product instead of one
+    exponential per time: the group law ``A(a + b) = A(a) A(b)`` put to work.
+    """
+    flat = times.reshape(-1)
+    start, span = flat.min(), int((flat.max() - flat.min()).item())
+    step = math.isqrt(span) + 1
+    shifted = (flat - start).round()
+    coarse, fine = torch.div(shifted, step, rounding_mode="floor"), torch.remainder(shifted, step)
+    grid = torch.arange(int(coarse.max().item()) + 1, device=times.device, dtype=times.dtype)
+    big = _exp_each(generator, start + step * grid)
+    small = _exp_each(generator, torch.arange(step, device=times.device, dtype=times.dtype))
+    product = big[..., coarse.long(), :, :] @ small[..., fine.long(), :, :]
+    return product.reshape(*generator.shape[:-2], *times.shape, *generator.shape[-2:])
+
+
 def _exp_times(generator: torch.Tensor, times: torch.Tensor) -> torch.Tensor:
     """``exp(t X)`` for ``generator`` ``(*G, D, D)`` and ``times`` ``(*T)``: ``(*G, *T, D, D)``."""
     dtype = _work_dtype(generator, times)
     generator = generator.to(dtype)
+    integer = not times.is_floating_point() or bool((times == times.round()).all())
     times = times.to(device=generator.device, dtype=dtype)
-    lead = generator.shape[:-2]
-    view = generator.reshape(*lead, *([1] * times.ndim), *generator.shape[-2:])
-    return torch.linalg.matrix_exp(times[..., None, None] * view)
+    if integer and times.numel() >= GRID_MIN_TIMES:
+        return _exp_on_grid(generator, times)
+    return _exp_each(generator, times)
 
 
 def one_parameter_group(generator: torch.Tensor, t) -> torch.Tensor:

@@ -17,7 +17,7 @@ pair ``u +- i w, u > 0``  ``e^{ut} R(wt)``                        ``growth``
 Jordan size ``k >= 2``    ``e^{ut}`` x polynomial of degree k-1   ``jordan`` (exotic; ALiBi is ``u = 0, k = 2``)
 ========================  ======================================  ==========================================
 
-Tolerance (``tol``, relative; default :func:`default_tolerance`: ``1e-9`` for float64 generators, ``1.2e-5`` for
+Tolerance (``tol``, relative; default :func:`default_tolerance`: ``1e-11`` for float64 generators, ``1.2e-5`` for
 float32). Everything is computed in float64 (complex128), on the generator's device. Eigenvalues come from
 ``torch.linalg.eigvals``. Round-off splits a Jordan block of size ``k`` into ``k`` eigenvalues about
 ``eps^(1/k)`` apart, so eigenvalue distances alone cannot find blocks; instead
@@ -45,6 +45,12 @@ from .group_encodings import (COMMUTING_TOL, GroupEncoding, MultiGroupEncoding, 
                               check_commuting, check_generator, check_times, commutator, damped_rope_generator,
                               decay_generator, jordan_generator, multi_parameter_group, one_parameter_group,
                               relative_kernel, retnet_decays, rope_generator, xpos_generator, xpos_scales)
+
+#: Eigenvalues ``i, j`` are candidates for one (Jordan-split) eigenvalue when ``|l_i - l_j| <= LINK_SAFETY * eps *
+#: ||X|| * max(kappa_i, kappa_j)``: one lies within the round-off uncertainty of the other (``eps`` of the generator's
+#: dtype, ``kappa`` the eigenvalue condition numbers; a simple eigenvalue moves by about ``kappa ||E||`` under a
+#: perturbation ``E``, and the members of a split Jordan block have huge ``kappa``).
+LINK_SAFETY = 1e3
 
 #: Family -> (what exp(tX) does on the block, encodings of that family).
 FAMILIES = {
@@ -84,8 +90,8 @@ class JordanBlock:
 
 
 def default_tolerance(dtype: torch.dtype) -> float:
-    """``1e-9`` for float64, ``100 eps`` for lower precision (``1.2e-5`` for float32), at most ``1e-2``."""
-    return min(1e-2, max(1e-9, 100 * torch.finfo(dtype).eps))
+    """``1e-11`` for float64 generators; ``100 eps`` for lower precision (``1.2e-5`` for float32), at most ``1e-2``."""
+    return 1e-11 if dtype == torch.float64 else min(1e-2, 100 * torch.finfo(dtype).eps)
 
 
 def family_of(eigenvalue: complex, size: int) -> str:
@@ -99,33 +105,61 @@ def family_of(eigenvalue: complex, size: int) -> str:
     return "decay" if eigenvalue.real < 0 else "none"
 
 
-def _link_clusters(values: torch.Tensor, radius: float) -> list[list[int]]:
-    """Single-linkage clusters of complex ``values`` at distance ``<= radius`` (indices into ``values``)."""
+def _link_clusters(values: torch.Tensor, radius: torch.Tensor) -> list[list[int]]:
+    """Single-linkage clusters of complex ``values``: ``i`` and ``j`` linked when ``|v_i - v_j| <= radius[i, j]``."""
     close = (values[:, None] - values[None, :]).abs() <= radius
-    labels = list(range(len(values)))
-    for _ in range(len(values)):  # propagate the smallest label along links until stable
-        new = [min(labels[j] for j in range(len(values)) if close[i, j]) for i in range(len(values))]
-        new = [new[label] for label in new]
-        if new == labels:
+    labels = torch.arange(len(values), device=values.device)
+    while True:  # every value takes the smallest label among its links, until nothing changes
+        new = torch.where(close, labels[None, :], len(values)).min(dim=1).values
+        if torch.equal(new, labels):
             break
         labels = new
     clusters: dict[int, list[int]] = {}
-    for index, label in enumerate(labels):
+    for index, label in enumerate(labels.tolist()):
         clusters.setdefault(label, []).append(index)
     return list(clusters.values())
 
 
+def _condition_numbers(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """Eigenvalues and their condition numbers ``kappa_i = 1 / |y_i^H x_i|`` (unit right/left eigenvectors).
+
+    A perturbation ``E`` moves a simple eigenvalue by about ``kappa_i ||E||``: the split members of a Jordan block
+    have huge ``kappa`` (their left and right eigenvectors are nearly orthogonal), distinct well-conditioned
+    eigenvalues small ones. Each right eigenvector is paired with the left one of the nearest eigenvalue.
+    """
+    values, right = torch.linalg.eig(x)
+    left_values, left = torch.linalg.eig(x.mH)  # eigenvalues conj(lambda), left eigenvectors of x
+    partner = (values[:, None] - left_values.conj()[None, :]).abs().argmin(dim=1)
+    right = right / torch.linalg.vector_norm(right, dim=0)
+    left = left[:, partner] / torch.linalg.vector_norm(left[:, partner], dim=0)
+    overlap = (left.conj() * right).sum(dim=0).abs()
+    return values, 1.0 / overlap.clamp(min=torch.finfo(torch.float64).tiny)
+
+
 def _nullities(x: torch.Tensor, mu: complex, m: int, tol: float) -> list[int]:
-    """``[n_0 = 0, n_1, ..., n_m]`` with ``n_j`` = nullity of ``(X - mu I)^j`` (relative tolerance ``tol``)."""
-    shifted = x - mu * torch.eye(x.shape[0], dtype=x.dtype, device=x.device)
+    """``[n_0 = 0, n_1, ..., n_m]`` with ``n_j`` = nullity of ``(X - mu I)^j`` (relative tolerance ``tol``).
+
+    Stops early (returns the list so far) as soon as the sequence cannot end in a valid structure.
+    """
+    eye = torch.eye(x.shape[0], dtype=x.dtype, device=x.device)
+    shifted = x - mu * eye
     norm = torch.linalg.matrix_norm(shifted, ord=2).item()
     if norm == 0.0:
         return [0] + [x.shape[0]] * m
-    power, result = torch.eye(x.shape[0], dtype=x.dtype, device=x.device), [0]
-    for j in range(1, m + 1):
-        power = power @ (shifted / norm)  # normalised so the threshold is simply tol
-        result.append(int((torch.linalg.svdvals(power) <= tol).sum()))
-    return result
+    shifted = shifted / norm  # normalised, so the threshold for every power is simply tol
+
+    def nullity(power):  # at most m: outside the cluster X - mu I is invertible
+        return min(m, int((torch.linalg.svdvals(power) <= tol).sum()))
+
+    if nullity(torch.linalg.matrix_power(shifted, m)) != m:
+        return [0, 0]
+    power, result = eye, [0]
+    for _ in range(m):
+        power = power @ shifted
+        result.append(nullity(power))
+        if result[-1] == m:
+            break
+    return result + [m] * (m + 1 - len(result))
 
 
 def _valid_structure(nullities: list[int], m: int) -> bool:
@@ -140,9 +174,12 @@ def _block_sizes(nullities: list[int]) -> dict[int, int]:
             if at_least[size - 1] - at_least[size]}
 
 
-def _resolve(x, values, indices, radius, floor, tol, found):
-    """Split ``indices`` into eigenvalues with their Jordan blocks; append ``(mu, {size: count})`` to ``found``."""
-    for cluster in _link_clusters(values[indices], radius):
+def _resolve(x, values, links, indices, cap, floor, tol, found):
+    """Split ``indices`` into eigenvalues with their Jordan blocks; append ``(mu, {size: count})`` to ``found``.
+
+    ``links`` ``(D, D)``: the linking radius of each pair of eigenvalues, capped at ``cap``.
+    """
+    for cluster in _link_clusters(values[indices], links[indices][:, indices].clamp(max=cap)):
         members = [indices[i] for i in cluster]
         mu = complex(values[members].mean().item())
         if len(members) == 1:
@@ -151,8 +188,8 @@ def _resolve(x, values, indices, radius, floor, tol, found):
         nullities = _nullities(x, mu, len(members), tol)
         if _valid_structure(nullities, len(members)):
             found.append((mu, _block_sizes(nullities)))
-        elif radius / 10 >= floor:
-            _resolve(x, values, members, radius / 10, floor, tol, found)
+        elif cap / 10 >= floor:
+            _resolve(x, values, links, members, cap / 10, floor, tol, found)
         else:  # no consistent cluster at any radius: simple eigenvalues
             found.extend((complex(values[i].item()), {1: 1}) for i in members)
 
@@ -171,14 +208,21 @@ def classify_generator(generator: torch.Tensor, tol: float | None = None) -> lis
     dim, scale = x.shape[0], torch.linalg.matrix_norm(x, ord=2).item()
     if scale == 0.0:
         return [JordanBlock("none", 0j, 1, dim)]
-    values = torch.linalg.eigvals(x)
     found: list[tuple[complex, dict[int, int]]] = []
     normal = torch.linalg.matrix_norm(x @ x.mH - x.mH @ x).item() <= tol * scale**2
     if normal:  # diagonalisable: only merge (numerically) equal eigenvalues
-        for cluster in _link_clusters(values, tol * scale):
+        values = torch.linalg.eigvals(x)
+        equal = torch.full((dim, dim), tol * scale, dtype=torch.float64, device=x.device)
+        for cluster in _link_clusters(values, equal):
             found.append((complex(values[cluster].mean().item()), {1: len(cluster)}))
     else:
-        _resolve(x, values, list(range(dim)), 0.1 * scale, tol * scale, tol, found)
+        values, kappa = _condition_numbers(x)
+        # eigenvalues i, j may be one eigenvalue split by round-off when they are closer than their sensitivity
+        # kappa beyond 1/eps only comes from exactly parallel eigenvectors: an exact, unsplit multiple eigenvalue
+        exact = kappa >= 1 / torch.finfo(torch.float64).eps
+        radius = torch.where(exact, 0.0, LINK_SAFETY * torch.finfo(generator.dtype).eps * scale * kappa)
+        links = torch.maximum(radius[:, None], radius[None, :]).clamp(min=tol * scale)
+        _resolve(x, values, links, list(range(dim)), 0.1 * scale, tol * scale, tol, found)
     counts: dict[tuple[complex, int], int] = {}
     for mu, sizes in found:
         mu = complex(0.0 if abs(mu.real) <= tol * scale else mu.real, 0.0 if abs(mu.imag) <= tol * scale else mu.imag)

@@ -114,16 +114,20 @@ def _check_positions(positions, n_axes: int, device) -> torch.Tensor:
 
 
 def nd_rope_angles(positions, frequencies: torch.Tensor) -> torch.Tensor:
-    """Angle of every pair at every position, ``<f_j, p>``, float32: ``(*B, L, n_axes)`` -> ``(*B, L, P)``."""
+    """Angle of every pair at every position, ``<f_j, p>``: ``(*B, L, n_axes)`` -> ``(*B, L, P)``.
+
+    float32, or float64 when ``positions`` or ``frequencies`` are float64, whatever narrower type they have.
+    """
     frequencies = _check_frequencies(frequencies)
     positions = _check_positions(positions, frequencies.shape[-1], frequencies.device)
-    # an explicit product and sum (not a matmul) keeps the float32 angles exact on every backend
-    products = positions.to(device=frequencies.device, dtype=torch.float32)[..., None, :] * frequencies.float()
+    wide = torch.float64 if torch.float64 in (positions.dtype, frequencies.dtype) else torch.float32
+    # an explicit product and sum (not a matmul, which may run in TF32 or bf16) keeps the angles exact
+    products = positions.to(device=frequencies.device, dtype=wide)[..., None, :] * frequencies.to(wide)
     return products.sum(-1)
 
 
 def nd_rope_cos_sin(positions, frequencies: torch.Tensor):
-    """Half-size float32 tables ``(cos, sin)``, each ``(*B, L, P)``, ready for :func:`posenc.apply_rope`."""
+    """Half-size tables ``(cos, sin)``, each ``(*B, L, P)``, typed as :func:`nd_rope_angles`, for :func:`posenc.apply_rope`."""
     angles = nd_rope_angles(positions, frequencies)
     return angles.cos(), angles.sin()
 
@@ -206,7 +210,8 @@ class NDRoPE(PositionalEncoding):
     module holds a table ``coordinates`` ``(N, n_axes)`` (e.g. :func:`grid_positions`), as integer indices
     ``(L,)`` / ``(B, L)`` into it: that is what :func:`posenc.attention` passes (token ``i`` -> pixel ``i``).
 
-    ``learnable`` (default: True for mixed, False for axial) makes ``frequencies`` an ``nn.Parameter``.
+    ``learnable`` (default: True for mixed, False for axial) makes the frequencies trainable. A learnable axial
+    encoding stays axial: only each pair's speed along its own axis is trained (the other entries are masked).
     """
 
     kind = "qk"
@@ -219,14 +224,17 @@ class NDRoPE(PositionalEncoding):
             raise ValueError(f"variant must be one of {VARIANTS}, got {variant!r}")
         self.variant, self.layout = variant, _check_layout(layout)
         if variant == "axial":
-            frequencies = axial_frequencies(head_dim, n_axes, base)
+            initial = axial_frequencies(head_dim, n_axes, base)
+            mask = axial_frequencies(head_dim, n_axes, base) != 0
         else:
-            frequencies = mixed_frequencies(head_dim, n_axes, base, generator=generator)
+            initial = mixed_frequencies(head_dim, n_axes, base, generator=generator)
+            mask = torch.ones_like(initial, dtype=torch.bool)
+        self.register_buffer("mask", mask, persistent=False)
         learnable = variant == "mixed" if learnable is None else learnable
         if learnable:
-            self.frequencies = torch.nn.Parameter(frequencies)
+            self.weights = torch.nn.Parameter(initial)
         else:
-            self.register_buffer("frequencies", frequencies, persistent=True)
+            self.register_buffer("weights", initial, persistent=True)
         if coordinates is not None:
             require_tensor("coordinates", coordinates)
             if coordinates.ndim != 2 or coordinates.shape[-1] != n_axes:
@@ -234,6 +242,15 @@ class NDRoPE(PositionalEncoding):
             self.register_buffer("coordinates", coordinates.clone(), persistent=False)
         else:
             self.coordinates = None
+
+    @property
+    def frequencies(self) -> torch.Tensor:
+        """The frequency table ``(P, n_axes)`` in use (differentiable when learnable)."""
+        return self.weights * self.mask
+
+    @property
+    def learnable(self) -> bool:
+        return isinstance(self.weights, torch.nn.Parameter)
 
     def coordinates_of(self, positions) -> torch.Tensor:
         """Coordinates ``(*B, L, n_axes)`` of ``positions`` (indices into :attr:`coordinates` when it is set)."""
@@ -255,8 +272,8 @@ class NDRoPE(PositionalEncoding):
         return self.rotate(q, q_positions), self.rotate(k, k_positions)
 
     def extra_repr(self) -> str:
-        return (f"variant={self.variant!r}, pairs={self.frequencies.shape[0]}, n_axes={self.frequencies.shape[1]}, "
-                f"layout={self.layout!r}, learnable={isinstance(self.frequencies, torch.nn.Parameter)}")
+        return (f"variant={self.variant!r}, pairs={self.weights.shape[0]}, n_axes={self.weights.shape[1]}, "
+                f"layout={self.layout!r}, learnable={self.learnable}")
 
 
 __all__ = ["VARIANTS", "grid_positions", "directed_frequencies", "axial_frequencies", "mixed_frequencies",

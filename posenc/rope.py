@@ -22,6 +22,7 @@ import torch
 from torch import nn
 
 from ._checks import as_positions, require_int, require_tensor
+from ._compile import CompiledFunction
 from .rope_frequencies import rope_frequencies
 
 LAYOUTS = ("half", "interleaved")
@@ -78,31 +79,149 @@ def _check_apply(x, cos, sin):
         raise ValueError(f"cos/sin have {cos.shape[-2]} positions but x has sequence length {x.shape[-2]}")
 
 
-def apply_rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, layout: str = "half") -> torch.Tensor:
-    """Rotate each feature pair of ``x`` by its angle.
+def _pairs(t: torch.Tensor, half: int, layout: str):
+    """The two members of every rotated pair, as views ``(..., R/2)`` of ``t``."""
+    if layout == "half":
+        return t[..., :half], t[..., half : 2 * half]
+    return t[..., 0 : 2 * half : 2], t[..., 1 : 2 * half : 2]
 
-    ``x``: ``(..., L, D)``; ``cos``, ``sin``: ``(L, R/2)`` or ``(B, L, R/2)`` with ``R <= D``.
-    Returns a tensor shaped and typed like ``x``.
-    """
-    _check_layout(layout)
-    _check_apply(x, cos, sin)
-    cos, sin = _align_table(cos, x), _align_table(sin, x)
+
+def _rotation_formula(x, cos, sin, layout):
+    """The reference rotation: differentiable, traceable, and what ``compiled=True`` fuses into one pass."""
     half = cos.shape[-1]
     work = x if x.dtype in (torch.float32, torch.float64) else x.float()
-    rotary, passthrough = work[..., : 2 * half], work[..., 2 * half :]
-    if layout == "half":
-        x1, x2 = rotary[..., :half], rotary[..., half:]
-    else:
-        x1, x2 = rotary[..., 0::2], rotary[..., 1::2]
-    first = x1 * cos - x2 * sin
-    second = x2 * cos + x1 * sin
+    x1, x2 = _pairs(work, half, layout)
+    # each half is rounded to x.dtype before it is joined: inductor then writes both halves in one loop
+    first = (x1 * cos - x2 * sin).to(x.dtype)
+    second = (x2 * cos + x1 * sin).to(x.dtype)
     if layout == "half":
         rotated = torch.cat((first, second), dim=-1)
     else:
         rotated = torch.stack((first, second), dim=-1).flatten(-2)
-    if passthrough.shape[-1]:
-        rotated = torch.cat((rotated, passthrough), dim=-1)
-    return rotated.to(x.dtype)
+    if x.shape[-1] > 2 * half:
+        rotated = torch.cat((rotated, x[..., 2 * half :].expand(*rotated.shape[:-1], -1)), dim=-1)
+    return rotated
+
+
+def _rotate_into(out, x, cos, sin, layout):
+    """Write the rotation of ``x`` into ``out`` (``x`` itself for in place): out= kernels, no cat, no autograd.
+
+    Bit for bit the same arithmetic as :func:`_rotation_formula`, with fewer and smaller temporaries.
+    """
+    half = cos.shape[-1]
+    work = x if x.dtype in (torch.float32, torch.float64) else x.float()
+    x1, x2 = _pairs(work, half, layout)
+    out1, out2 = _pairs(out, half, layout)
+    if out is not x and torch.result_type(x1, cos) == out.dtype == torch.result_type(x2, sin):
+        torch.mul(x1, cos, out=out1)
+        scratch = x2 * sin
+        out1.sub_(scratch)
+        torch.mul(x2, cos, out=out2)
+        torch.mul(x1, sin, out=scratch)
+        out2.add_(scratch)
+    else:  # computed in a wider dtype and rounded once, or in place
+        first, scratch = x1 * cos, x2 * sin
+        first.sub_(scratch)
+        in_place = work is out  # then out1 may not be written before the second half is computed
+        if not in_place:
+            out1.copy_(first)
+        second = torch.empty_like(first) if in_place else first
+        torch.mul(x2, cos, out=second)
+        torch.mul(x1, sin, out=scratch)
+        second.add_(scratch)
+        if in_place:
+            out1.copy_(first)
+        out2.copy_(second)
+    if out is not x and x.shape[-1] > 2 * half:
+        out[..., 2 * half :].copy_(x[..., 2 * half :])
+    return out
+
+
+def _rotate_eager(x, cos, sin, layout):
+    return _rotate_into(torch.empty_like(x), x, cos, sin, layout)
+
+
+class _Rotation(torch.autograd.Function):
+    """The out= kernel with its gradient: a rotation's transpose is the rotation by minus the angle."""
+
+    @staticmethod
+    def forward(ctx, x, cos, sin, layout):
+        ctx.save_for_backward(cos, sin)
+        ctx.layout = layout
+        return _rotate_eager(x, cos, sin, layout)
+
+    @staticmethod
+    def backward(ctx, grad):
+        cos, sin = ctx.saved_tensors
+        return _Rotation.apply(grad, cos, -sin, ctx.layout), None, None, None
+
+
+def _kernel_fits(x, cos, sin) -> bool:
+    """Whether the out= kernel computes what the formula does: a real x that keeps its shape, no traced
+    or functorch-wrapped tensors, no gradient wanted for the tables."""
+    return (x.is_floating_point() and not torch.compiler.is_compiling()
+            and not torch._C._are_functorch_transforms_active()
+            and not (torch.is_grad_enabled() and (cos.requires_grad or sin.requires_grad))
+            and torch.broadcast_shapes(x.shape[:-1], cos.shape[:-1], sin.shape[:-1]) == x.shape[:-1])
+
+
+def _rotate_default(x, cos, sin, layout):
+    if not _kernel_fits(x, cos, sin):
+        return _rotation_formula(x, cos, sin, layout)
+    if torch.is_grad_enabled() and x.requires_grad:
+        return _Rotation.apply(x, cos, sin, layout)
+    return _rotate_eager(x, cos, sin, layout)
+
+
+def _rotation_in_place_formula(x, cos, sin, layout):
+    return x.copy_(_rotation_formula(x, cos, sin, layout))
+
+
+def _rotate_in_place(x, cos, sin, layout):
+    if _kernel_fits(x, cos, sin) and not (torch.is_grad_enabled() and x.requires_grad):
+        return _rotate_into(x, x, cos, sin, layout)
+    return _rotation_in_place_formula(x, cos, sin, layout)
+
+
+_compiled_rotation = CompiledFunction(_rotation_formula, _rotate_default, dynamic=True, fullgraph=True)
+_compiled_rotation_in_place = CompiledFunction(_rotation_in_place_formula, _rotate_in_place, dynamic=True,
+                                               fullgraph=True)
+
+
+def _prepare(x, cos, sin, layout):
+    _check_layout(layout)
+    _check_apply(x, cos, sin)
+    return _align_table(cos, x), _align_table(sin, x)
+
+
+def apply_rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, layout: str = "half", *,
+               compiled: bool = False) -> torch.Tensor:
+    """Rotate each feature pair of ``x`` by its angle.
+
+    ``x``: ``(..., L, D)``; ``cos``, ``sin``: ``(L, R/2)`` or ``(B, L, R/2)`` with ``R <= D``.
+    Returns a tensor shaped and typed like ``x``. ``compiled=True`` runs a ``torch.compile``-fused kernel (one
+    pass over memory; its first call in a process compiles for seconds, so it pays for large or repeated
+    calls); it falls back to the eager kernel where compiling is not possible.
+    """
+    cos, sin = _prepare(x, cos, sin, layout)
+    if compiled and not torch.compiler.is_compiling():
+        return _compiled_rotation(x, cos, sin, layout)
+    return _rotate_default(x, cos, sin, layout)
+
+
+def apply_rope_(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, layout: str = "half", *,
+                compiled: bool = False) -> torch.Tensor:
+    """:func:`apply_rope` in place: overwrite ``x`` with its rotation and return ``x``.
+
+    ``cos`` and ``sin`` must broadcast to ``x`` (not the other way round). Autograd sees an in-place copy.
+    """
+    cos, sin = _prepare(x, cos, sin, layout)
+    if torch.broadcast_shapes(x.shape[:-1], cos.shape[:-1]) != x.shape[:-1]:
+        raise ValueError(f"cos/sin of shape {tuple(cos.shape)} do not broadcast to x of shape {tuple(x.shape)}; "
+                         "apply_rope_ cannot grow x in place")
+    if compiled and not torch.compiler.is_compiling():
+        return _compiled_rotation_in_place(x, cos, sin, layout)
+    return _rotate_in_place(x, cos, sin, layout)
 
 
 def rotate(x, positions=None, inv_freq=None, attention_factor: float = 1.0, layout: str = "half", offset=0):
@@ -170,13 +289,14 @@ class RotaryEmbedding(nn.Module):
     """RoPE for a model: ``forward(q, k, positions=None, offset=0) -> (q_rot, k_rot)``.
 
     ``q``: ``(B, H, L, D)``, ``k``: ``(B, H_kv, L, D)``; ``positions``: ``(L,)`` or ``(B, L)``, default
-    ``offset + arange(L)`` (``offset`` is the number of tokens already in a KV cache).
+    ``offset + arange(L)`` (``offset`` is the number of tokens already in a KV cache). ``compiled=True``
+    rotates with the fused kernel of :func:`apply_rope`.
     """
 
     def __init__(self, head_dim: int, rope_parameters: dict | None = None, max_position_embeddings: int = 2048,
-                 layout: str = "half"):
+                 layout: str = "half", compiled: bool = False):
         super().__init__()
-        self.head_dim, self.layout = head_dim, _check_layout(layout)
+        self.head_dim, self.layout, self.compiled = head_dim, _check_layout(layout), compiled
         self.rope_parameters = dict(rope_parameters or {})
         self.max_position_embeddings = max_position_embeddings
         inv_freq, self.attention_factor = rope_frequencies(head_dim, self.rope_parameters, max_position_embeddings)
@@ -206,7 +326,8 @@ class RotaryEmbedding(nn.Module):
         elif offset:
             positions = as_positions("positions", positions, device=q.device) + offset
         cos, sin = self.cos_sin(positions)
-        return apply_rope(q, cos, sin, self.layout), apply_rope(k, cos, sin, self.layout)
+        return (apply_rope(q, cos, sin, self.layout, compiled=self.compiled),
+                apply_rope(k, cos, sin, self.layout, compiled=self.compiled))
 
     def extra_repr(self) -> str:
         return f"head_dim={self.head_dim}, layout={self.layout!r}, rope_parameters={self.rope_parameters}"

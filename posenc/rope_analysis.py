@@ -99,7 +99,11 @@ def max_offset_spread(scores: torch.Tensor, q_positions, k_positions) -> float:
                          f"positions must have the same number of axes, got {tuple(scores.shape)}, "
                          f"{tuple(q_positions.shape)}, {tuple(k_positions.shape)}")
     offsets = (q_positions[:, None, :] - k_positions[None, :, :]).reshape(-1, q_positions.shape[1])
-    _, group = torch.unique(offsets, dim=0, return_inverse=True)
+    # one integer label per distinct offset row, axis by axis (1-D uniques are much faster than unique(dim=0))
+    _, group = torch.unique(offsets[:, 0], return_inverse=True)
+    for axis in range(1, offsets.shape[1]):
+        _, labels = torch.unique(offsets[:, axis], return_inverse=True)
+        _, group = torch.unique(group * (int(labels.max()) + 1) + labels, return_inverse=True)
     values = scores.reshape(-1).double()
     n_groups = int(group.max()) + 1
     highest = torch.full((n_groups,), -math.inf, dtype=torch.float64, device=scores.device)

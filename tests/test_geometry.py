@@ -202,6 +202,25 @@ def test_float32_input_is_computed_in_float64():
     assert geometry.classical_mds(geometry.hellinger_distances(distributions)).embedding.dtype == torch.float64
 
 
+# shift-invariant encodings ------------------------------------------------------------------------------------
+def test_toeplitz_projection_fixes_toeplitz_matrices_and_bounds_shift_invariant_stress():
+    positions = torch.arange(12, dtype=torch.float64)
+    line = (positions[:, None] - positions[None, :]).abs()
+    assert torch.allclose(geometry.toeplitz_projection(line.sqrt()), line.sqrt(), atol=1e-15)
+    target = geometry.hellinger_distances(random_distributions(12, 15, 7))
+    projection = geometry.toeplitz_projection(target)
+    floor, scale = geometry.stress_of_distances(projection, target, return_scale=True)
+    assert float(scale) == pytest.approx(1.0, rel=1e-12)  # a least-squares projection needs no rescaling
+    assert float(floor) > 0.01
+    for frequency in (0.05, 0.3, 1.0, 2.5):  # any shift-invariant encoding lies on or above the floor
+        encoding = torch.stack((torch.cos(frequency * positions), torch.sin(frequency * positions)), dim=1)
+        assert float(geometry.stress(encoding, target)) >= float(floor) - 1e-12
+    offsets = (positions[:, None] - positions[None, :]).abs().long()
+    for offset in range(12):
+        on_diagonal = offsets == offset
+        assert torch.allclose(projection[on_diagonal], target[on_diagonal].mean(), atol=1e-15)
+
+
 # bad input ----------------------------------------------------------------------------------------------------
 @pytest.mark.parametrize("call, error, name", [
     (lambda: geometry.positional_distributions([[1, 2]], 3), TypeError, "sequences[0]"),
@@ -235,6 +254,7 @@ def test_float32_input_is_computed_in_float64():
     (lambda: geometry.effective_rank(torch.ones(2, 2)), ValueError, "eigenvalues"),
     (lambda: geometry.entropy_effective_rank(-torch.ones(3)), ValueError, "eigenvalues"),
     (lambda: geometry.low_rank_factors(torch.randn(4, 3), 4), ValueError, "rank"),
+    (lambda: geometry.toeplitz_projection(torch.randn(3, 3)), ValueError, "distances"),
 ])
 def test_bad_input_names_the_argument(call, error, name):
     with pytest.raises(error, match=name.replace("[", r"\[").replace("]", r"\]")):

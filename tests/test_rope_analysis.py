@@ -66,7 +66,7 @@ def test_unrotated_pairs_contribute_a_constant():
 
 
 def test_wrapped_angle_error():
-    reference = torch.tensor([0.0, 1.0, 3.0, -3.0])
+    reference = torch.tensor([0.0, 1.0, 3.0, -3.0], dtype=torch.float64)
     assert torch.allclose(rope_analysis.wrapped_angle_error(reference + 2 * math.pi * 7, reference),
                           torch.zeros(4, dtype=torch.float64), atol=1e-12)
     errors = rope_analysis.wrapped_angle_error(torch.tensor([3.0]), torch.tensor([-3.0]))
@@ -78,8 +78,8 @@ def test_offset_spread_is_zero_exactly_for_functions_of_the_offset():
     positions = torch.arange(12)
     toeplitz = torch.cos(0.3 * (positions[:, None] - positions[None, :]).double())
     assert rope_analysis.max_offset_spread(toeplitz, positions, positions) == 0.0
-    absolute = toeplitz + 0.01 * positions[:, None]
-    assert rope_analysis.max_offset_spread(absolute, positions, positions) == pytest.approx(0.1, rel=1e-9)
+    absolute = toeplitz + 0.01 * positions[:, None].double()  # offset 0 appears at rows 0 .. 11
+    assert rope_analysis.max_offset_spread(absolute, positions, positions) == pytest.approx(0.11, rel=1e-9)
     grid = posenc.nd_rope.grid_positions(3, 3)
     assert rope_analysis.max_offset_spread(torch.zeros(9, 9), grid, grid) == 0.0
     with pytest.raises(ValueError, match="scores"):

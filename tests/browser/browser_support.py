@@ -1,0 +1,134 @@
+"""What the browser tests share: the book's pages, the local-only network guard, the limits."""
+from __future__ import annotations
+
+import functools
+import gzip
+import os
+import sys
+from dataclasses import dataclass, field
+from pathlib import Path
+from urllib.parse import unquote, urlsplit
+
+ROOT = Path(__file__).resolve().parents[2]
+sys.path.insert(0, str(ROOT / "book" / "tools"))
+from book_files import toc_entries  # noqa: E402
+
+HTML_DIR = ROOT / "_build" / "html"
+SCREENSHOT_DIR = ROOT / "_build" / "screenshots"
+WEIGHTS_FILE = ROOT / "_build" / "page-weights.txt"
+CHROMIUM = os.environ.get("POSENC_CHROMIUM", "/usr/bin/chromium")
+CHROMIUM_ARGS = ["--no-sandbox", "--disable-gpu", "--disable-background-networking", "--disable-component-update",
+                 "--disable-sync", "--no-first-run"]
+LOCAL_HOSTS = {"127.0.0.1", "localhost", "[::1]", "::1"}
+DESKTOP = {"width": 1280, "height": 800}
+PHONE = {"width": 390, "height": 844}
+MB = 1_000_000
+WEIGHT_LIMIT = 8 * MB
+WEIGHT_TARGET = 4 * MB
+
+
+@dataclass(frozen=True)
+class BookPage:
+    """One page of _toc.yml whose source exists: ``entry`` is its path without suffix."""
+
+    entry: str
+
+    @property
+    def is_notebook(self) -> bool:
+        return (ROOT / f"{self.entry}.ipynb").exists()
+
+    @property
+    def html(self) -> str:
+        return f"{self.entry}.html"
+
+    def __str__(self) -> str:
+        return self.entry
+
+
+def book_pages() -> list[BookPage]:
+    """The pages of _toc.yml in reading order, those whose .ipynb or .md source exists."""
+    return [BookPage(entry) for entry in toc_entries()
+            if (ROOT / f"{entry}.ipynb").exists() or (ROOT / f"{entry}.md").exists()]
+
+
+def is_local(url: str) -> bool:
+    parts = urlsplit(url)
+    return parts.scheme in ("data", "blob", "about") or (parts.hostname or "") in LOCAL_HOSTS
+
+
+def local_file(url: str) -> Path | None:
+    """The file under _build/html that a local URL is served from."""
+    parts = urlsplit(url)
+    if parts.scheme not in ("http", "https") or parts.hostname not in LOCAL_HOSTS:
+        return None
+    path = HTML_DIR / unquote(parts.path).lstrip("/")
+    if path.is_dir():
+        path = path / "index.html"
+    return path if path.is_file() else None
+
+
+@dataclass
+class Traffic:
+    """What a browser page did: console errors, page errors, failed and remote requests, loaded files."""
+
+    console_errors: list[str] = field(default_factory=list)
+    page_errors: list[str] = field(default_factory=list)
+    failed_requests: list[str] = field(default_factory=list)
+    remote_requests: list[str] = field(default_factory=list)
+    loaded: dict[str, int] = field(default_factory=dict)  # local URL path -> bytes served
+
+    def problems(self) -> list[str]:
+        return ([f"console error: {m}" for m in self.console_errors]
+                + [f"page error: {m}" for m in self.page_errors]
+                + [f"failed request: {m}" for m in self.failed_requests]
+                + [f"request leaving localhost (aborted): {m}" for m in self.remote_requests])
+
+    @property
+    def weight(self) -> int:
+        return sum(self.loaded.values())
+
+    @property
+    def gzip_weight(self) -> int:
+        """What the same files weigh gzip-compressed, as most static hosts serve them."""
+        return sum(gzipped_size(HTML_DIR / path.lstrip("/")) for path in self.loaded)
+
+
+@functools.lru_cache(maxsize=None)
+def gzipped_size(path: Path) -> int:
+    return len(gzip.compress(path.read_bytes(), compresslevel=6))
+
+
+def watch(context_or_page, page, traffic: Traffic) -> None:
+    """Record ``page``'s traffic into ``traffic``; abort every request that is not to localhost."""
+
+    def route(route):
+        url = route.request.url
+        if is_local(url):
+            route.continue_()
+        else:
+            traffic.remote_requests.append(url)
+            route.abort("blockedbyclient")
+
+    def on_response(response):
+        url = response.url
+        if response.status >= 400:
+            traffic.failed_requests.append(f"{url} (HTTP {response.status})")
+            return
+        file = local_file(url)
+        if file is not None:
+            traffic.loaded[urlsplit(url).path] = file.stat().st_size
+
+    def on_failed(request):
+        if request.url not in traffic.remote_requests:
+            traffic.failed_requests.append(f"{request.url} ({request.failure})")
+
+    def on_console(message):
+        if message.type == "error":
+            location = message.location or {}
+            traffic.console_errors.append(f"{message.text} [{location.get('url', '')}:{location.get('lineNumber', '')}]")
+
+    context_or_page.route("**/*", route)
+    page.on("response", on_response)
+    page.on("requestfailed", on_failed)
+    page.on("console", on_console)
+    page.on("pageerror", lambda error: traffic.page_errors.append(str(error)))

@@ -1,0 +1,270 @@
+"""Every page of _toc.yml, opened in Chromium the way a reader opens it, with no network beyond localhost.
+
+Each page is loaded once per test class (desktop width), MathJax is waited for, screenshots are taken at
+desktop and phone widths, and the checks below read that page; a failure names the page.
+"""
+from __future__ import annotations
+
+import json
+import re
+from pathlib import Path
+from urllib.parse import urljoin, urlsplit
+
+import pytest
+
+from browser_support import (DESKTOP, MB, PHONE, ROOT, SCREENSHOT_DIR, WEIGHT_LIMIT, WEIGHT_TARGET, BookPage,
+                             Traffic, book_pages, watch)
+from book_files import repository_slug
+
+PAGES = book_pages()
+IMAGE_PATH = re.compile(r"(^data:|\.(png|jpe?g|gif|svg|webp)$)", re.IGNORECASE)
+RAW_TEX = re.compile(r"\\\(|\\\)|\\\[|\\\]|\$\$|\\[A-Za-z]{2,}")  # \( \) \[ \] $$ \command
+WIDGET_REPR = re.compile(r"^\s*(VBox|HBox|Box|IntSlider|FloatSlider|SelectionSlider|Dropdown|Output|interactive)\(",
+                         re.MULTILINE)
+
+# One round trip collects what the checks need from the DOM of the main article.
+FACTS_JS = r"""
+() => {
+  const article = document.querySelector('article.bd-article') || document.querySelector('main') || document.body;
+  const math = Array.from(article.querySelectorAll('.math'));
+  const clone = article.cloneNode(true);
+  clone.querySelectorAll('pre, code, script, style, textarea, mjx-container, .highlight').forEach(e => e.remove());
+  const text = clone.textContent;
+  const outputs = Array.from(article.querySelectorAll('.cell_output')).map(o => o.textContent).join('\n');
+  const caption = el => ((el.closest('figure') || {querySelector: () => null}).querySelector('figcaption') || {textContent: ''})
+    .textContent.trim();
+  return {
+    mathCount: math.length,
+    untypeset: math.filter(m => !m.querySelector('mjx-container')).map(m => m.textContent.slice(0, 120)),
+    mathErrors: Array.from(article.querySelectorAll('mjx-merror')).map(e => e.getAttribute('data-mjx-error') || e.textContent),
+    containers: article.querySelectorAll('mjx-container').length,
+    text: text,
+    outputs: outputs,
+    widgetElements: Array.from(document.querySelectorAll(
+      '.jupyter-widgets, .widget-area, .widget-subarea, .lm-Widget, .p-Widget, [class^="widget-"], [class*=" widget-"], '
+      + 'script[type^="application/vnd.jupyter.widget"]')).map(e => e.tagName + '.' + e.className + ' ' + (e.type || '')),
+    images: Array.from(article.querySelectorAll('img')).map(img => ({
+      src: (img.getAttribute('src') || '').slice(0, 100), alt: (img.getAttribute('alt') || '').trim(), caption: caption(img),
+      loaded: img.complete && img.naturalWidth > 0})),
+    figures: Array.from(article.querySelectorAll('figure')).map(f => ({
+      id: f.id || f.className, caption: caption(f.querySelector('figcaption') || f),
+      alts: Array.from(f.querySelectorAll('img')).map(i => (i.getAttribute('alt') || '').trim())})),
+    colab: Array.from(document.querySelectorAll('a[href*="colab.research.google.com"]')).map(a => a.href),
+    prev: (document.querySelector('a.left-prev') || {}).href || null,
+    next: (document.querySelector('a.right-next') || {}).href || null,
+    sliders: article.querySelectorAll('figure.posenc-slider').length,
+    title: document.title,
+  };
+}
+"""
+
+FINGERPRINT_JS = """
+figure => {
+  const s = figure.querySelector('img').src;
+  let h = 2166136261;
+  for (let i = 0; i < s.length; i++) { h ^= s.charCodeAt(i); h = Math.imul(h, 16777619); }
+  return s.length + ':' + (h >>> 0);
+}
+"""
+
+
+def screenshot_path(entry: str, width_name: str) -> Path:
+    return SCREENSHOT_DIR / f"{entry.replace('/', '__')}-{width_name}.png"
+
+
+def wait_for_math(page, has_math: bool) -> None:
+    """Wait until MathJax has typeset the page (pages without math may not load MathJax at all)."""
+    if not has_math:
+        return
+    page.wait_for_function("() => window.MathJax && MathJax.startup && MathJax.startup.promise", timeout=60_000)
+    page.evaluate("() => MathJax.startup.promise.then(() => true)")
+
+
+class Visit:
+    """A page opened once: its Playwright page, traffic and DOM facts."""
+
+    def __init__(self, browser, base_url: str, book_page):
+        self.book_page = book_page
+        self.url = urljoin(base_url, book_page.html)
+        self.context = browser.new_context(viewport=DESKTOP, service_workers="block")
+        self.page = self.context.new_page()
+        self.traffic = Traffic()
+        watch(self.context, self.page, self.traffic)
+        self.response = self.page.goto(self.url, wait_until="load")
+        if self.response is None or not self.response.ok:
+            self.close()
+            pytest.fail(f"{book_page.html} is not in the build (HTTP "
+                        f"{self.response.status if self.response else '-'}): run `make book`")
+        has_math = self.page.locator("article .math").count() > 0
+        wait_for_math(self.page, has_math)
+        self.page.wait_for_load_state("networkidle")
+        self.page.evaluate("() => document.fonts.ready.then(() => true)")
+        self.facts = self.page.evaluate(FACTS_JS)
+        SCREENSHOT_DIR.mkdir(parents=True, exist_ok=True)
+        self.page.screenshot(path=screenshot_path(book_page.entry, "desktop"), full_page=True)
+        self.page.set_viewport_size(PHONE)
+        self.page.wait_for_timeout(300)
+        self.page.screenshot(path=screenshot_path(book_page.entry, "phone"), full_page=True)
+        self.page.set_viewport_size(DESKTOP)
+
+    def close(self):
+        self.context.close()
+
+
+@pytest.fixture(scope="class")
+def visit(book_page, browser, base_url):
+    opened = Visit(browser, base_url, book_page)
+    yield opened
+    opened.close()
+
+
+def test_every_toc_page_is_built(site):
+    assert PAGES, "no page of _toc.yml has a source file"
+    missing = [p.html for p in PAGES if not (site / p.html).exists()]
+    assert not missing, f"pages of _toc.yml not in the build (run `make book`): {missing}"
+
+
+def test_root_leads_to_the_first_page(open_page, base_url):
+    page, traffic = open_page(base_url)
+    page.wait_for_url(re.compile(re.escape(PAGES[0].html) + "$"), timeout=15_000)
+    assert not traffic.problems(), traffic.problems()
+
+
+@pytest.mark.parametrize("book_page", PAGES, ids=str, scope="class")
+class TestPage:
+    def test_loads_without_errors(self, visit):
+        problems = visit.traffic.problems()
+        assert not problems, f"{visit.book_page}:\n  " + "\n  ".join(problems)
+
+    def test_every_equation_is_typeset(self, visit):
+        facts = visit.facts
+        assert not facts["untypeset"], f"math left untypeset: {facts['untypeset'][:5]}"
+        assert not facts["mathErrors"], f"MathJax errors: {facts['mathErrors'][:5]}"
+        assert facts["containers"] >= facts["mathCount"], "fewer MathJax containers than math elements"
+        raw = [facts["text"][max(0, m.start() - 40):m.end() + 40] for m in RAW_TEX.finditer(facts["text"])]
+        assert not raw, f"raw TeX left in the page text: {raw[:5]}"
+        if visit.book_page.is_notebook:
+            assert facts["mathCount"] > 0, "a chapter with no equation: dollarmath not parsed?"
+
+    def test_no_ipywidgets_view(self, visit):
+        facts = visit.facts
+        assert not facts["widgetElements"], f"ipywidgets views/state on the page: {facts['widgetElements'][:5]}"
+        reprs = WIDGET_REPR.findall(facts["outputs"])
+        assert not reprs, f"text repr of a widget in a cell output (a live widget was executed): {reprs[:5]}"
+        assert "Loading widget" not in facts["outputs"]
+
+    def test_every_image_is_described(self, visit):
+        undescribed = [image["src"] for image in visit.facts["images"]
+                       if not image["caption"] and (not image["alt"] or IMAGE_PATH.search(image["alt"]))]
+        assert not undescribed, f"images with neither alt text nor a caption: {undescribed}"
+        broken = [image["src"] for image in visit.facts["images"] if not image["loaded"]]
+        assert not broken, f"images that did not load: {broken}"
+        bare = [f["id"] for f in visit.facts["figures"] if not f["caption"] and not all(f["alts"] or [""])]
+        assert not bare, f"figures with neither caption nor alt text: {bare}"
+
+    def test_colab_link(self, visit):
+        links = set(visit.facts["colab"])
+        if not visit.book_page.is_notebook:
+            assert not links, f"a non-notebook page offers Colab: {links}"
+            return
+        expected = (f"https://colab.research.google.com/github/{repository_slug()}/blob/main/"
+                    f"{visit.book_page.entry}.ipynb")
+        assert links == {expected}, f"Colab links {links}, expected {expected}"
+        notebook = ROOT / f"{visit.book_page.entry}.ipynb"
+        assert notebook.exists(), f"the Colab link opens {notebook.relative_to(ROOT)}, which is not in the repository"
+        assert visit.book_page.entry.startswith("notebooks/")
+
+    def test_static_sliders_move(self, visit):
+        sliders = visit.page.locator("article figure.posenc-slider")
+        assert sliders.count() == visit.facts["sliders"]
+        for index in range(sliders.count()):
+            figure = sliders.nth(index)
+            name = figure.locator("label").inner_text()
+            where = f"slider {index} ({name!r})"
+            control = figure.locator('input[type="range"]')
+            control.scroll_into_view_if_needed()
+            control.focus()
+            top = int(control.get_attribute("max"))
+            assert top >= 1, f"{where} has a single frame"
+            start, start_frame = int(control.input_value()), figure.evaluate(FINGERPRINT_JS)
+            start_label = figure.locator("output").inner_text()
+            key, step = ("ArrowRight", 1) if start < top else ("ArrowLeft", -1)
+            control.press(key)
+            assert int(control.input_value()) == start + step, f"{where}: {key} did not move it"
+            assert figure.evaluate(FINGERPRINT_JS) != start_frame, f"{where}: {key} did not change the frame"
+            assert figure.locator("output").inner_text() != start_label, f"{where}: {key} did not change the label"
+            control.press("End")
+            assert int(control.input_value()) == top, f"{where}: End did not reach the last value"
+            end_frame = figure.evaluate(FINGERPRINT_JS)
+            control.press("Home")
+            assert int(control.input_value()) == 0, f"{where}: Home did not reach the first value"
+            assert figure.evaluate(FINGERPRINT_JS) != end_frame, f"{where}: first and last frames are the same"
+            # the mouse: drag the thumb from the left end to the right end
+            box = control.bounding_box()
+            y = box["y"] + box["height"] / 2
+            visit.page.mouse.click(box["x"] + 1, y)
+            visit.page.mouse.down()
+            visit.page.mouse.move(box["x"] + box["width"] - 1, y, steps=5)
+            visit.page.mouse.up()
+            assert int(control.input_value()) == top, f"{where}: dragging with the mouse did not reach the end"
+            assert figure.evaluate(FINGERPRINT_JS) == end_frame, f"{where}: mouse and keyboard show different frames"
+        assert not visit.traffic.problems(), visit.traffic.problems()
+
+    def test_page_weight(self, visit, page_weights):
+        weight = visit.traffic.weight
+        page_weights[visit.book_page.entry] = {
+            "total": weight, "html": visit.traffic.loaded.get("/" + visit.book_page.html, 0),
+            "gzip": visit.traffic.gzip_weight, "files": len(visit.traffic.loaded)}
+        assert visit.traffic.loaded, "nothing was loaded"
+        assert weight <= WEIGHT_LIMIT, (f"{visit.book_page} weighs {weight / MB:.2f} MB (HTML + resources), over the "
+                                        f"{WEIGHT_LIMIT / MB:.0f} MB limit (aim for {WEIGHT_TARGET / MB:.0f} MB): "
+                                        "fewer frames, smaller figsize/dpi, fewer colours")
+
+    def test_screenshots_saved(self, visit):
+        for width in ("desktop", "phone"):
+            path = screenshot_path(visit.book_page.entry, width)
+            assert path.exists() and path.stat().st_size > 5_000, f"no {width} screenshot at {path}"
+
+    def test_previous_and_next(self, visit, open_page):
+        position = PAGES.index(visit.book_page)
+        base = visit.url[: -len(visit.book_page.html)]
+        expected_prev = base + PAGES[position - 1].html if position > 0 else None
+        expected_next = base + PAGES[position + 1].html if position + 1 < len(PAGES) else None
+        assert visit.facts["prev"] == expected_prev, f"previous link {visit.facts['prev']}, expected {expected_prev}"
+        assert visit.facts["next"] == expected_next, f"next link {visit.facts['next']}, expected {expected_next}"
+        page, traffic = open_page(visit.url)
+        for selector, expected in (("a.right-next", expected_next), ("a.left-prev", expected_prev)):
+            if expected is None:
+                continue
+            page.goto(visit.url)
+            page.locator(selector).click()
+            page.wait_for_url(expected, timeout=15_000)
+            assert page.locator("article.bd-article h1").count() >= 1, f"{selector} led to a page without a title"
+        assert not traffic.problems(), traffic.problems()
+
+
+def search_case() -> tuple[str, BookPage]:
+    """("rotary", the RoPE chapter) once notebooks/06_rope.ipynb exists; before that a word of a chapter title."""
+    rope = next((page for page in PAGES if page.entry == "notebooks/06_rope"), None)
+    if rope is not None:
+        return "rotary", rope
+    chapter = next(page for page in PAGES if page.is_notebook)
+    title = json.loads((ROOT / f"{chapter.entry}.ipynb").read_text())["cells"][0]["source"]
+    title = "".join(title).splitlines()[0]
+    return max(re.findall(r"[A-Za-z]+", title), key=len).lower(), chapter
+
+
+def test_search_finds_the_chapter(open_page, base_url):
+    query, expected = search_case()
+    page, traffic = open_page(base_url + PAGES[0].html)
+    page.keyboard.press("Control+k")  # as a reader does: the theme's search dialog
+    box = page.locator("#pst-search-dialog input[name='q']")
+    box.fill(query)
+    box.press("Enter")
+    page.wait_for_url(re.compile(r"/search\.html\?q=" + query), timeout=15_000)
+    page.wait_for_function("() => { const h = document.querySelector('#search-results h2');"
+                           " return h && h.textContent === 'Search Results'; }", timeout=30_000)
+    found = page.eval_on_selector_all("#search-results ul.search li a", "links => links.map(a => a.href)")
+    pages_found = {urlsplit(href).path.lstrip("/") for href in found}
+    assert expected.html in pages_found, f"searching {query!r} found {sorted(pages_found)}, not {expected.html}"
+    assert not traffic.problems(), traffic.problems()

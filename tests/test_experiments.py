@@ -1,0 +1,163 @@
+"""posenc.tasks and posenc.experiments: task generators, the tiny transformer, training and its determinism."""
+import itertools
+from dataclasses import replace
+
+import pytest
+import torch
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from posenc.experiments import (ENCODINGS, ExperimentConfig, accuracy_spread, build_model,
+                                encoding_label, evaluate, results_table, run_encoding, run_experiments, train)
+from posenc.tasks import IGNORE_INDEX, CopyBack, FetchPosition, position_blind_accuracy
+
+TINY = ExperimentConfig(vocab_size=8, train_length=8, d_model=16, n_heads=2, n_layers=1, d_mlp=32, steps=40,
+                        batch_size=16, learning_rate=1e-2, warmup_steps=5, eval_batch_size=32, seeds=(0, 1))
+
+
+@pytest.fixture(autouse=True, scope="module")
+def _one_thread():
+    """Tiny models are all overhead: one thread avoids OpenMP spin-waits on a shared machine."""
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(threads)
+
+
+def sample(task, length, seed, batch=5, vocab=7):
+    return task.sample(batch, length, vocab, torch.Generator().manual_seed(seed))
+
+
+# tasks ----------------------------------------------------------------------------------------------------------
+@settings(max_examples=40, deadline=None)
+@given(offset=st.integers(1, 6), extra=st.integers(0, 40), seed=st.integers(0, 2**31 - 1))
+def test_copy_back_targets_are_the_token_offset_steps_back(offset, extra, seed):
+    length = offset + 1 + extra
+    inputs, targets, mask = sample(CopyBack(offset), length, seed)
+    assert inputs.shape == targets.shape == mask.shape == (5, length)
+    assert inputs.dtype == targets.dtype == torch.int64 and mask.dtype == torch.bool
+    for b, i in itertools.product(range(5), range(length)):
+        if i >= offset:
+            assert mask[b, i] and targets[b, i] == inputs[b, i - offset]
+        else:
+            assert not mask[b, i] and targets[b, i] == IGNORE_INDEX
+
+
+@settings(max_examples=40, deadline=None)
+@given(position=st.integers(0, 6), extra=st.integers(0, 40), seed=st.integers(0, 2**31 - 1))
+def test_fetch_position_targets_are_the_token_at_that_position(position, extra, seed):
+    length = position + 1 + extra
+    inputs, targets, mask = sample(FetchPosition(position), length, seed)
+    for b, i in itertools.product(range(5), range(length)):
+        if i >= position:
+            assert mask[b, i] and targets[b, i] == inputs[b, position]
+        else:
+            assert not mask[b, i] and targets[b, i] == IGNORE_INDEX
+
+
+@pytest.mark.parametrize("task", [CopyBack(2), FetchPosition(1)])
+def test_sampling_is_deterministic_per_seed_and_uses_the_whole_vocabulary(task):
+    first, again, other = sample(task, 64, 3, batch=32), sample(task, 64, 3, batch=32), sample(task, 64, 4, batch=32)
+    assert all(torch.equal(a, b) for a, b in zip(first, again))
+    assert not torch.equal(first[0], other[0])
+    assert set(first[0].unique().tolist()) == set(range(7))
+
+
+def test_tasks_say_what_order_they_need_and_reject_bad_arguments():
+    assert CopyBack(3).order == "relative" and FetchPosition(2).order == "absolute"
+    with pytest.raises(ValueError, match="length"):
+        CopyBack(3).sample(2, 3, 5, torch.Generator())
+    with pytest.raises(ValueError, match="offset"):
+        CopyBack(0)
+    with pytest.raises(TypeError, match="generator"):
+        CopyBack(1).sample(2, 4, 5, generator=0)
+    with pytest.raises(ValueError, match="vocab_size"):
+        FetchPosition(1).sample(2, 4, 1, torch.Generator())
+
+
+@pytest.mark.parametrize("task", [CopyBack(1), CopyBack(2), FetchPosition(0), FetchPosition(1)])
+def test_position_blind_accuracy_is_the_bayes_optimum_of_a_set_function(task):
+    """Brute force over every sequence of length 4 on 3 tokens: the best predictor that sees only the multiset
+    and its own token, pooled over all target positions, scores exactly the formula's mean."""
+    length, vocab = 4, 3
+    sequences = torch.tensor(list(itertools.product(range(vocab), repeat=length)))
+    source = task.sources(length)
+    votes = {}  # (multiset, own token) -> counts of targets
+    for sequence in sequences.tolist():
+        for i in range(length):
+            if source[i] >= 0:
+                key = (tuple(sorted(sequence)), sequence[i])
+                votes.setdefault(key, [0] * vocab)[sequence[source[i]]] += 1
+    best = sum(max(counts) for counts in votes.values()) / sum(sum(counts) for counts in votes.values())
+    assert position_blind_accuracy(task, sequences, vocab) == pytest.approx(best, abs=1e-6)
+
+
+# the model ------------------------------------------------------------------------------------------------------
+@pytest.mark.parametrize("name", list(ENCODINGS))
+def test_every_encoding_builds_and_runs_beyond_the_training_length(name):
+    model = build_model(name, TINY, seed=0)
+    tokens = torch.randint(TINY.vocab_size, (2, max(TINY.eval_lengths)))
+    logits = model(tokens)
+    assert logits.shape == (2, max(TINY.eval_lengths), TINY.vocab_size)
+    assert torch.isfinite(logits).all()
+    assert isinstance(encoding_label(name), str)
+
+
+def test_bidirectional_nope_is_permutation_equivariant_and_causal_nope_is_not():
+    tokens = torch.randint(TINY.vocab_size, (3, 12), generator=torch.Generator().manual_seed(0))
+    perm = torch.randperm(12, generator=torch.Generator().manual_seed(1))
+    for name, equivariant in (("nope-bidirectional", True), ("nope-causal", False)):
+        model = build_model(name, TINY, seed=0)
+        gap = (model(tokens[:, perm]) - model(tokens)[:, perm]).abs().max().item()
+        assert (gap < 1e-5) == equivariant, (name, gap)
+
+
+def test_unknown_encoding_names_are_rejected():
+    with pytest.raises(ValueError, match="encoding must be one of"):
+        build_model("sinusoid", TINY, seed=0)
+
+
+# training -------------------------------------------------------------------------------------------------------
+def test_training_lowers_the_loss():
+    _, losses = train(CopyBack(1), "rope", TINY)
+    assert losses.shape == (2, TINY.steps)
+    start, end = losses[:, :5].mean(1), losses[:, -5:].mean(1)
+    assert (end < 0.8 * start).all(), (start, end)
+
+
+def test_two_runs_give_identical_numbers():
+    first = run_experiments([FetchPosition(1)], ["learned", "alibi"], TINY)
+    again = run_experiments([FetchPosition(1)], ["learned", "alibi"], TINY)
+    assert [(r.losses, r.accuracy) for r in first] == [(r.losses, r.accuracy) for r in again]
+    assert results_table(first, TINY) == results_table(again, TINY)
+
+
+def test_seeds_trained_side_by_side_equal_seeds_trained_alone():
+    together, _ = train(CopyBack(2), "sinusoidal", replace(TINY, steps=10))
+    alone, _ = train(CopyBack(2), "sinusoidal", replace(TINY, steps=10, seeds=(1,)))
+    for (key, value), (_, single) in zip(together.params.items(), alone.params.items()):
+        assert torch.allclose(value[1], single[0], atol=1e-5), key
+    assert not torch.allclose(together.params["embed.weight"][0], together.params["embed.weight"][1])
+
+
+def test_learned_rows_beyond_the_training_length_are_never_trained():
+    initial = build_model("learned", TINY, seed=0).encoding.table.table.detach().clone()
+    trained, _ = train(FetchPosition(1), "learned", TINY)
+    table = trained.trained_models()[0].encoding.table.table.detach()
+    inside, beyond = slice(0, TINY.train_length), slice(TINY.train_length, None)
+    assert not torch.allclose(table[inside], initial[inside], atol=1e-3)
+    ratio = table[beyond] / initial[beyond]  # only AdamW's decoupled weight decay touches them
+    assert torch.allclose(ratio, ratio.flatten()[0].expand_as(ratio), atol=1e-5)
+    assert 0.9 < ratio.flatten()[0] <= 1.0
+
+
+def test_evaluation_and_table_agree():
+    runs = run_encoding(FetchPosition(1), "learned", TINY)
+    model = build_model("learned", TINY, seed=0)
+    accuracy, per_position = evaluate(model, FetchPosition(1), 16, TINY)
+    assert 0 <= accuracy <= 1 and per_position.shape == (16,) and torch.isnan(per_position[0])
+    mean, low, high = accuracy_spread(runs, "fetch position 1", "learned", 8)
+    assert low <= mean <= high and {r.accuracy[8] for r in runs} >= {low, high}
+    table = results_table(runs, TINY)
+    assert f"{100 * mean:5.1f} ({100 * low:.0f}-{100 * high:.0f})" in table
+    assert table.count("\n") == 2  # header, rule, one row
