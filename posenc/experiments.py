@@ -86,17 +86,21 @@ class Block(nn.Module):
         self.q, self.k, self.v, self.o = (nn.Linear(width, width, bias=False) for _ in range(4))
         self.mlp = nn.Sequential(nn.Linear(width, config.d_mlp), nn.GELU(), nn.Linear(config.d_mlp, width))
 
-    def forward(self, x, encoding, positions, causal: bool):
-        x = x + self_attention(self.attention_norm(x), self.q.weight, self.k.weight, self.v.weight, self.n_heads,
-                               encoding=encoding, positions=positions, causal=causal, w_o=self.o.weight)
-        return x + self.mlp(self.mlp_norm(x))
+    def forward(self, x, encoding, positions, causal: bool, return_weights: bool = False):
+        mixed, weights = self_attention(self.attention_norm(x), self.q.weight, self.k.weight, self.v.weight,
+                                        self.n_heads, encoding=encoding, positions=positions, causal=causal,
+                                        w_o=self.o.weight, return_weights=True)
+        x = x + mixed
+        x = x + self.mlp(self.mlp_norm(x))
+        return (x, weights) if return_weights else x
 
 
 class TinyTransformer(nn.Module):
     """Token embedding, ``n_layers`` blocks, a final norm and a linear read-out to the vocabulary.
 
     ``forward(tokens (B, L)) -> logits (B, L, V)``; with ``return_hidden=True`` also the residual stream
-    after each block, a list of ``(B, L, d_model)``.
+    after each block, a list of ``(B, L, d_model)``, and with ``return_weights=True`` the attention weights of
+    each block, a list of ``(B, H, L, L)`` (in that order).
     """
 
     def __init__(self, config: ExperimentConfig, encoding: enc.PositionalEncoding, causal: bool):
@@ -108,18 +112,20 @@ class TinyTransformer(nn.Module):
         self.norm = nn.LayerNorm(config.d_model)
         self.readout = nn.Linear(config.d_model, config.vocab_size)
 
-    def forward(self, tokens: torch.Tensor, return_hidden: bool = False):
+    def forward(self, tokens: torch.Tensor, return_hidden: bool = False, return_weights: bool = False):
         positions = torch.arange(tokens.shape[-1], device=tokens.device)
         x = self.embed(tokens)
         layer_encoding = self.encoding
         if self.encoding.kind == "input":  # added once, as in the original transformer
             x, layer_encoding = self.encoding.encode_input(x, positions), enc.NoPE()
-        hidden = []
+        hidden, weights = [], []
         for block in self.blocks:
-            x = block(x, layer_encoding, positions, self.causal)
+            x, layer_weights = block(x, layer_encoding, positions, self.causal, return_weights=True)
             hidden.append(x)
+            weights.append(layer_weights)
         logits = self.readout(self.norm(x))
-        return (logits, hidden) if return_hidden else logits
+        extras = ([hidden] if return_hidden else []) + ([weights] if return_weights else [])
+        return (logits, *extras) if extras else logits
 
 
 def build_model(name: str, config: ExperimentConfig, seed: int, device=None) -> TinyTransformer:
@@ -259,6 +265,14 @@ def accuracy_spread(runs: list, task: str, name: str, length: int) -> tuple:
     return sum(values) / len(values), min(values), max(values)
 
 
+def mean_position_accuracy(runs: list, task: str, name: str, length: int) -> torch.Tensor:
+    """Accuracy per position ``(length,)`` averaged over the seeds (NaN where there is no target)."""
+    values = [run.position_accuracy[length] for run in runs if run.task == task and run.encoding == name]
+    if not values:
+        raise ValueError(f"no run of encoding {name!r} on task {task!r}")
+    return torch.stack(values).mean(0)
+
+
 def results_table(runs: list, config: ExperimentConfig, baselines: dict | None = None) -> str:
     """A Markdown table: one row per task and encoding, ``mean (min-max)`` accuracy in % at each length.
 
@@ -281,21 +295,21 @@ def results_table(runs: list, config: ExperimentConfig, baselines: dict | None =
 
 
 def position_probe_r2(hidden: torch.Tensor) -> float:
-    """How much of the absolute position a linear read-out recovers from hidden states ``(B, L, d)``.
+    """How much of the absolute position a read-out recovers from hidden states ``(B, L, d)``.
 
-    Least squares from ``[h, 1]`` to the position ``i`` on the first half of the sequences, scored on the other
-    half by ``R^2 = 1 - SSE / SST`` (1: exact, 0: no better than the mean position).
+    Least squares from the features ``[h, h * h, 1]`` (squares too: a norm can carry the position) to the
+    position ``i`` on the first half of the sequences, scored on the other half by ``R^2 = 1 - SSE / SST``
+    (1: exact, 0: no better than always guessing the mean position).
     """
-    batch, length, width = hidden.shape
-    features = torch.cat((hidden, torch.ones(batch, length, 1, dtype=hidden.dtype, device=hidden.device)), -1)
-    position = torch.arange(length, dtype=hidden.dtype, device=hidden.device).expand(batch, length)
-    half = batch // 2
-    fit = torch.linalg.lstsq(features[:half].reshape(-1, width + 1), position[:half].reshape(-1, 1)).solution
-    predicted = features[half:].reshape(-1, width + 1) @ fit
-    actual = position[half:].reshape(-1, 1)
-    return (1 - ((predicted - actual) ** 2).sum() / ((actual - actual.mean()) ** 2).sum()).item()
+    batch, length, _ = hidden.shape
+    features = torch.cat((hidden, hidden * hidden, torch.ones_like(hidden[..., :1])), -1).flatten(0, 1)
+    position = torch.arange(length, dtype=hidden.dtype, device=hidden.device).repeat(batch)[:, None]
+    train = torch.arange(batch * length, device=hidden.device) < (batch // 2) * length
+    fit = torch.linalg.lstsq(features[train], position[train]).solution
+    error = features[~train] @ fit - position[~train]
+    return (1 - (error**2).sum() / ((position[~train] - position[~train].mean()) ** 2).sum()).item()
 
 
 __all__ = ["ExperimentConfig", "ENCODINGS", "encoding_label", "Block", "TinyTransformer", "build_model", "Run",
            "Ensemble", "train", "evaluation_data", "evaluate", "run_encoding", "run_experiments", "accuracy_spread",
-           "results_table", "position_probe_r2"]
+           "mean_position_accuracy", "results_table", "position_probe_r2"]

@@ -61,10 +61,10 @@ def check_generator(name: str, generator, *, batched: bool = False) -> torch.Ten
     return generator
 
 
-def check_times(name: str, times, device=None) -> torch.Tensor:
-    """``times`` (a Python number or a real tensor of any shape) as a finite tensor."""
+def check_times(name: str, times, device=None, dtype=torch.float64) -> torch.Tensor:
+    """``times`` (a Python number or a real tensor of any shape) as a finite tensor; a number becomes ``dtype``."""
     if isinstance(times, (int, float)) and not isinstance(times, bool):
-        times = torch.tensor(float(times), device=device)
+        times = torch.tensor(float(times), device=device, dtype=dtype)
     if isinstance(times, (list, tuple, range)):
         times = torch.as_tensor(list(times), device=device)
     require_tensor(name, times)
@@ -121,7 +121,7 @@ def one_parameter_group(generator: torch.Tensor, t) -> torch.Tensor:
     ``A(0) = I`` and ``A(a) A(b) = A(a + b)``.
     """
     generator = check_generator("generator", generator)
-    return _exp_times(generator, check_times("t", t, generator.device))
+    return _exp_times(generator, check_times("t", t, generator.device, _work_dtype(generator)))
 
 
 def commutator(x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:

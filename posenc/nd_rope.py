@@ -32,7 +32,7 @@ from .rope import _check_layout, apply_rope
 from .rope_frequencies import rope_frequencies
 
 VARIANTS = ("axial", "mixed")
-DEFAULT_BASE = 100.0  # Heo et al. use 100 for image patches: a 2-D grid is short along each axis
+DEFAULT_BASE = 100.0  # Heo et al. use 100 for axial (10 for mixed) on ViT patch grids, short along each axis
 
 
 def grid_positions(*sizes: int, device=None) -> torch.Tensor:

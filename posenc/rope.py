@@ -302,17 +302,19 @@ class RotaryEmbedding(nn.Module):
         inv_freq, self.attention_factor = rope_frequencies(head_dim, self.rope_parameters, max_position_embeddings)
         self.register_buffer("inv_freq", inv_freq, persistent=False)
 
-    def _frequencies_for(self, positions: torch.Tensor):
+    def _frequencies_for(self, positions: torch.Tensor, seq_len: int | None = None):
         # dynamic NTK and LongRoPE pick their table from the length actually reached
         if self.rope_parameters.get("rope_type") in ("dynamic", "longrope"):
-            seq_len = int(positions.max()) + 1
+            if seq_len is None:  # read back from the positions: a device sync, impossible on meta tensors
+                seq_len = int(positions.max()) + 1
             return rope_frequencies(self.head_dim, self.rope_parameters, self.max_position_embeddings,
                                     seq_len=seq_len, device=self.inv_freq.device)
         return self.inv_freq, self.attention_factor
 
-    def cos_sin(self, positions):
+    def cos_sin(self, positions, seq_len: int | None = None):
+        """Tables for ``positions``; ``seq_len`` (default ``max(positions) + 1``) picks dynamic/LongRoPE frequencies."""
         positions = as_positions("positions", positions, device=self.inv_freq.device)
-        inv_freq, attention_factor = self._frequencies_for(positions)
+        inv_freq, attention_factor = self._frequencies_for(positions, seq_len)
         return rope_cos_sin(positions, inv_freq, attention_factor)
 
     def forward(self, q: torch.Tensor, k: torch.Tensor, positions=None, offset: int = 0):
@@ -321,11 +323,13 @@ class RotaryEmbedding(nn.Module):
         for name, t in (("q", q), ("k", k)):
             if t.shape[-1] != self.head_dim:
                 raise ValueError(f"{name} must have head dimension {self.head_dim} (last axis), got {t.shape[-1]}")
+        seq_len = None
         if positions is None:
             positions = torch.arange(q.shape[-2], device=q.device) + offset
+            seq_len = offset + q.shape[-2]
         elif offset:
             positions = as_positions("positions", positions, device=q.device) + offset
-        cos, sin = self.cos_sin(positions)
+        cos, sin = self.cos_sin(positions, seq_len)
         return (apply_rope(q, cos, sin, self.layout, compiled=self.compiled),
                 apply_rope(k, cos, sin, self.layout, compiled=self.compiled))
 

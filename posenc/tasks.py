@@ -94,23 +94,39 @@ class FetchPosition(CopyTask):
         return torch.where(positions >= self.position, self.position, -1)
 
 
-def position_blind_accuracy(task: CopyTask, inputs: torch.Tensor, vocab_size: int) -> float:
-    """The best expected accuracy of a predictor that sees only its own token and the *set* of tokens.
+def position_blind_accuracy(task: CopyTask, inputs: torch.Tensor, vocab_size: int, causal: bool = False,
+                            per_position: bool = False):
+    """The best expected accuracy of a predictor that sees only its own token and a *multiset* of tokens.
 
-    That is all a bidirectional transformer without positions sees (chapter 1: it is permutation-equivariant).
-    With i.i.d. uniform tokens, given the multiset ``S`` of a sequence and the token ``a`` at a random target
-    position, the other tokens are a random arrangement of ``S - {a}``. So the target equals ``a`` with the
-    probability ``alpha`` that the source is the position itself, and otherwise is a uniform draw from
-    ``S - {a}``: the best guess has probability ``max_b alpha [b = a] + (1 - alpha) count_{S-a}(b) / (L - 1)``.
-    Returns its mean over the target positions of ``inputs`` ``(B, L)``.
+    ``causal=False``: the multiset of the whole sequence, which is all a bidirectional transformer without
+    positions sees (it is permutation-equivariant, chapter 1). ``causal=True``: the multiset of the prefix
+    ``0..i``, all that *one* causal attention layer without positions sees at position ``i`` (its size tells
+    ``i``, nothing tells the order inside it).
+
+    With i.i.d. uniform tokens, given the multiset ``S`` (of ``n + 1`` tokens) and the own token ``a``, the other
+    tokens are a random arrangement of ``S - {a}``. The target is ``a`` itself with the probability ``alpha``
+    that the source is the position itself, otherwise a uniform draw from ``S - {a}``; the best guess is right
+    with probability ``max_b alpha [b = a] + (1 - alpha) count_{S-a}(b) / n``. In the bidirectional case the
+    position is unknown, so ``alpha`` is the fraction of targets whose source is themselves; in the causal case
+    it is 0 or 1 per position. Returns the mean over the targets of ``inputs`` ``(B, L)``, or with
+    ``per_position`` a ``(L,)`` tensor (NaN where there is no target).
     """
     length = inputs.shape[-1]
+    positions = torch.arange(length, device=inputs.device)
     source = task.sources(length, device=inputs.device)
     on_target = source >= 0
-    alpha = (source[on_target] == torch.arange(length, device=inputs.device)[on_target]).float().mean()
     own = torch.nn.functional.one_hot(inputs, vocab_size).float()  # (B, L, V)
-    others = own.sum(dim=1, keepdim=True) - own  # counts of S - {a}
-    best = (alpha * own + (1 - alpha) * others / (length - 1)).amax(dim=-1)  # (B, L)
+    if causal:
+        seen = own.cumsum(dim=1)
+        alpha = (source == positions).float()[:, None]  # (L, 1)
+        others = positions.clamp(min=1).float()[:, None]
+    else:
+        seen = own.sum(dim=1, keepdim=True)
+        alpha = (source[on_target] == positions[on_target]).float().mean()
+        others = torch.tensor(float(length - 1), device=inputs.device)
+    best = (alpha * own + (1 - alpha) * (seen - own) / others).amax(dim=-1)  # (B, L)
+    if per_position:
+        return best.mean(0).masked_fill(~on_target, float("nan"))
     return best[:, on_target].mean().item()
 
 

@@ -24,7 +24,7 @@ def new_chapter(path: Path, title: str) -> None:
     nb.cells = [
         nbformat.v4.new_markdown_cell(f"# {title}\n\nWhat this chapter shows, in two sentences."),
         nbformat.v4.new_code_cell(setup_cell_source()),
-        nbformat.v4.new_code_cell("import torch\nimport posenc\n\ntorch.manual_seed(0)"),
+        nbformat.v4.new_code_cell("import torch\nimport posenc\n\n_ = torch.manual_seed(0)"),
     ]
     nbformat.write(nb, path)
 

@@ -13,7 +13,7 @@ ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT / "book" / "tools"))
 from book_files import toc_entries  # noqa: E402
 
-HTML_DIR = ROOT / "_build" / "html"
+HTML_DIR = Path(os.environ.get("POSENC_HTML_DIR", ROOT / "_build" / "html"))  # the built book under test
 SCREENSHOT_DIR = ROOT / "_build" / "screenshots"
 WEIGHTS_FILE = ROOT / "_build" / "page-weights.txt"
 CHROMIUM = os.environ.get("POSENC_CHROMIUM", "/usr/bin/chromium")
@@ -98,8 +98,8 @@ def gzipped_size(path: Path) -> int:
     return len(gzip.compress(path.read_bytes(), compresslevel=6))
 
 
-def watch(context_or_page, page, traffic: Traffic) -> None:
-    """Record ``page``'s traffic into ``traffic``; abort every request that is not to localhost."""
+def watch(context, page, traffic: Traffic) -> None:
+    """Record ``page``'s traffic into ``traffic``; ``context`` aborts every request that is not to localhost."""
 
     def route(route):
         url = route.request.url
@@ -127,7 +127,7 @@ def watch(context_or_page, page, traffic: Traffic) -> None:
             location = message.location or {}
             traffic.console_errors.append(f"{message.text} [{location.get('url', '')}:{location.get('lineNumber', '')}]")
 
-    context_or_page.route("**/*", route)
+    context.route("**/*", route)
     page.on("response", on_response)
     page.on("requestfailed", on_failed)
     page.on("console", on_console)

@@ -1,9 +1,12 @@
 """The built book loads nothing from the network: the static audit of book/tools/make_offline.py."""
 from __future__ import annotations
 
-from browser_support import HTML_DIR  # puts book/tools on sys.path
+import pytest
+from browser_support import HTML_DIR  # also puts book/tools on sys.path
 
 import make_offline  # noqa: E402
+
+pytestmark = pytest.mark.browser
 
 
 def test_built_book_is_offline_complete(site):
