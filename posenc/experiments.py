@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import copy
 import math
+from html import escape
 from dataclasses import dataclass, field
 
 import torch
@@ -273,25 +274,43 @@ def mean_position_accuracy(runs: list, task: str, name: str, length: int) -> tor
     return torch.stack(values).mean(0)
 
 
-def results_table(runs: list, config: ExperimentConfig, baselines: dict | None = None) -> str:
-    """A Markdown table: one row per task and encoding, ``mean (min-max)`` accuracy in % at each length.
+def format_table(header: list, rows: list, html: bool = False) -> str:
+    """A table as Markdown (pipes, for terminals and Markdown cells) or as HTML (for notebook outputs, which the
+    book renders as CommonMark, without pipe tables). Cells are converted with ``str``; numbers align right."""
+    if not html:
+        rule = "|" + "".join("---:|" if _numeric(cell) else "---|" for cell in (rows[0] if rows else header))
+        return "\n".join(["| " + " | ".join(map(str, header)) + " |", rule]
+                         + ["| " + " | ".join(map(str, row)) + " |" for row in rows])
+    def cell(tag, value):
+        align = ' style="text-align:right"' if tag == "td" and _numeric(value) else ""
+        return f"<{tag}{align}>{escape(str(value))}</{tag}>"
+    head = "<tr>" + "".join(cell("th", value) for value in header) + "</tr>"
+    body = "".join("<tr>" + "".join(cell("td", value) for value in row) + "</tr>" for row in rows)
+    return f"<table><thead>{head}</thead><tbody>{body}</tbody></table>"
+
+
+def _numeric(value) -> bool:
+    return str(value).strip()[:1].isdigit()
+
+
+def results_table(runs: list, config: ExperimentConfig, baselines: dict | None = None, html: bool = False) -> str:
+    """One row per task and encoding, ``mean (min-max)`` accuracy in % at each length (see :func:`format_table`).
 
     ``baselines``: optional ``{task name: {row label: {length: accuracy}}}``, printed as extra rows of that task.
     """
     header = ["task", "encoding"] + [f"L = {length} ({length // config.train_length}x)"
                                      for length in config.eval_lengths]
-    lines = ["| " + " | ".join(header) + " |", "|" + "---|" * 2 + "---:|" * len(config.eval_lengths)]
+    rows = []
     for task in dict.fromkeys(run.task for run in runs):
         for name in dict.fromkeys(run.encoding for run in runs if run.task == task):
             cells = []
             for length in config.eval_lengths:
                 mean, low, high = accuracy_spread(runs, task, name, length)
                 cells.append(f"{100 * mean:5.1f} ({100 * low:.0f}-{100 * high:.0f})")
-            lines.append(f"| {task} | {encoding_label(name)} | " + " | ".join(cells) + " |")
+            rows.append([task, encoding_label(name)] + cells)
         for label, values in (baselines or {}).get(task, {}).items():
-            cells = [f"{100 * values[length]:5.1f}" for length in config.eval_lengths]
-            lines.append(f"| {task} | *{label}* | " + " | ".join(cells) + " |")
-    return "\n".join(lines)
+            rows.append([task, label] + [f"{100 * values[length]:5.1f}" for length in config.eval_lengths])
+    return format_table(header, rows, html)
 
 
 def position_probe_r2(hidden: torch.Tensor) -> float:
@@ -312,4 +331,4 @@ def position_probe_r2(hidden: torch.Tensor) -> float:
 
 __all__ = ["ExperimentConfig", "ENCODINGS", "encoding_label", "Block", "TinyTransformer", "build_model", "Run",
            "Ensemble", "train", "evaluation_data", "evaluate", "run_encoding", "run_experiments", "accuracy_spread",
-           "mean_position_accuracy", "results_table", "position_probe_r2"]
+           "mean_position_accuracy", "format_table", "results_table", "position_probe_r2"]

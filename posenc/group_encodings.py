@@ -1,4 +1,4 @@
-"""One-parameter groups as positional encodings: the maps ``exp(tX)``, a generator for every family, plug-ins.
+"""One-parameter groups as positional encodings: the maps ``exp(tX)`` (1-D and N-D) and the attention plug-ins.
 
 Convention (the one the book uses everywhere). A real ``D x D`` generator ``X`` defines the query map
 ``F(t) = exp(tX)`` and the key map ``G(s) = F(s)^{-T} = exp(-sX)^T``. The logit of a query at time ``t`` and a key
@@ -9,6 +9,7 @@ at time ``s`` is then
 a function of the offset ``t - s`` only (translation invariance). With this convention ``exp(tX)`` of
 :func:`rope_generator` is :func:`posenc.rope_matrix` ``(t)``, and a generator whose eigenvalues have negative real
 parts damps the logit as the key recedes into the past (``t - s > 0``), which is what a causal model wants.
+Generators of every family, and the classification of any generator, are in :mod:`posenc.groups`.
 
 Shapes: a generator is ``(D, D)``; :class:`GroupEncoding` also takes one generator per head ``(H, D, D)``.
 Times are real (integer or float) tensors of any shape; positions for attention are ``(L,)`` or ``(B, L)``;
@@ -24,10 +25,8 @@ import math
 import torch
 from torch import nn
 
-from ._checks import as_positions, require_int, require_positive_number, require_tensor
+from ._checks import as_positions, require_tensor
 from .encodings import PositionalEncoding
-from .rope import _check_layout
-from .rope_frequencies import rope_frequencies
 
 #: Relative tolerance of :func:`check_commuting`: ``||[X_i, X_j]|| <= COMMUTING_TOL * ||X_i|| ||X_j||``.
 #: Float32 round-off in a product of two generators is ~1e-7 relative, so 1e-5 leaves a wide margin while a
@@ -86,7 +85,7 @@ def _exp_each(generator: torch.Tensor, times: torch.Tensor) -> torch.Tensor:
 
 
 def _exp_on_grid(generator: torch.Tensor, times: torch.Tensor) -> torch.Tensor:
-    """Integer times ``t = t0 + c * step + f`` (``0 <= f < step ~ sqrt(span)``): ``exp(tX) = exp((t0 + c step) X) exp(fX)``.
+    """Integer times ``t = t0 + c step + f``, ``0 <= f < step ~ sqrt(span)``: ``A(t) = A(t0 + c step) A(f)``.
 
     About ``2 sqrt(span)`` matrix exponentials (of smaller norm) and one batched product instead of one
     exponential per time: the group law ``A(a + b) = A(a) A(b)`` put to work.
@@ -103,10 +102,17 @@ def _exp_on_grid(generator: torch.Tensor, times: torch.Tensor) -> torch.Tensor:
     return product.reshape(*generator.shape[:-2], *times.shape, *generator.shape[-2:])
 
 
+def _inspectable(tensor: torch.Tensor) -> bool:
+    """Whether shortcuts that look at the values (grid, unique times) may run: not on ``meta``, not compiling."""
+    return tensor.device.type != "meta" and not torch.compiler.is_compiling()
+
+
 def _exp_times(generator: torch.Tensor, times: torch.Tensor) -> torch.Tensor:
     """``exp(t X)`` for ``generator`` ``(*G, D, D)`` and ``times`` ``(*T)``: ``(*G, *T, D, D)``."""
     dtype = _work_dtype(generator, times)
     generator = generator.to(dtype)
+    if not _inspectable(times):
+        return _exp_each(generator, times.to(device=generator.device, dtype=dtype))
     integer = not times.is_floating_point() or bool((times == times.round()).all())
     times = times.to(device=generator.device, dtype=dtype)
     if integer and times.numel() >= GRID_MIN_TIMES:
@@ -138,6 +144,8 @@ def check_commuting(generators: torch.Tensor, tol: float = COMMUTING_TOL) -> tor
     require_tensor("generators", generators)
     if generators.ndim != 3:
         raise ValueError(f"generators must have shape (n, D, D), got shape {tuple(generators.shape)}")
+    if not _inspectable(generators):  # no values to check on meta
+        return generators
     norms = torch.linalg.matrix_norm(generators.double())
     for i in range(generators.shape[0]):
         for j in range(i + 1, generators.shape[0]):
@@ -183,168 +191,6 @@ def multi_parameter_group(generators: torch.Tensor, positions, check: bool = Tru
     return torch.linalg.matrix_exp(combined)
 
 
-# generators of each family --------------------------------------------------------------------------------------
-def _pair_indices(head_dim: int, layout: str, device):
-    half = torch.arange(head_dim // 2, device=device)
-    return (half, half + head_dim // 2) if layout == "half" else (2 * half, 2 * half + 1)
-
-
-def _rotation_generator(head_dim, frequencies, damping, layout, dtype, device):
-    """Block generator: pair ``j`` gets ``[[damping_j, -frequency_j], [frequency_j, damping_j]]``."""
-    first, second = _pair_indices(head_dim, layout, device)
-    generator = torch.zeros(head_dim, head_dim, dtype=dtype, device=device)
-    frequencies = frequencies.to(device=device, dtype=dtype)
-    damping = torch.as_tensor(damping, device=device, dtype=dtype).expand_as(frequencies)
-    generator[first, second] = -frequencies
-    generator[second, first] = frequencies
-    generator[first, first] = damping
-    generator[second, second] = damping
-    return generator
-
-
-def rope_generator(head_dim: int, base: float = 10_000.0, layout: str = "half", inv_freq=None,
-                   dtype=torch.float32, device=None) -> torch.Tensor:
-    """RoPE as a generator: block skew-symmetric ``(D, D)``, pair ``j`` is ``theta_j [[0, -1], [1, 0]]``.
-
-    ``exp(tX)`` equals :func:`posenc.rope_matrix` ``(t, inv_freq, layout)``. ``inv_freq`` ``(D/2,)`` overrides the
-    default frequencies ``theta_j = base^(-2j/D)`` (any table of :mod:`posenc.rope_frequencies` fits).
-    """
-    require_int("head_dim", head_dim, minimum=2, even=True)
-    _check_layout(layout)
-    if inv_freq is None:
-        inv_freq, _ = rope_frequencies(head_dim, {"rope_theta": require_positive_number("base", base)},
-                                       device=device)
-    elif not isinstance(inv_freq, torch.Tensor) or inv_freq.shape != (head_dim // 2,):
-        raise ValueError(f"inv_freq must be a tensor of shape ({head_dim // 2},), got {inv_freq!r}")
-    return _rotation_generator(head_dim, inv_freq, 0.0, layout, dtype, device)
-
-
-def xpos_scales(head_dim: int) -> torch.Tensor:
-    """xPos's per-pair ``zeta_j = (2j + 0.4 D) / (1.4 D)``, ``j = 0 .. D/2 - 1``: shape ``(D/2,)``, float64."""
-    require_int("head_dim", head_dim, minimum=2, even=True)
-    pairs = torch.arange(head_dim // 2, dtype=torch.float64)
-    return (2 * pairs + 0.4 * head_dim) / (1.4 * head_dim)
-
-
-def xpos_generator(head_dim: int, base: float = 10_000.0, scale_base: float = 512, layout: str = "half",
-                   dtype=torch.float32, device=None) -> torch.Tensor:
-    """xPos as a damped rotation: pair ``j`` has eigenvalues ``ln(zeta_j) / B +- i theta_j`` (``B = scale_base``).
-
-    ``F(n) = exp(nX)`` is RoPE at ``n`` times ``zeta_j^(n/B)`` (the xPos query) and ``G(m) = F(m)^{-T}`` is RoPE at
-    ``m`` times ``zeta_j^(-m/B)`` (the xPos key).
-    """
-    scale_base = require_positive_number("scale_base", scale_base)
-    rotation = rope_generator(head_dim, base, layout, dtype=torch.float64, device=device)
-    damping = torch.log(xpos_scales(head_dim)).to(device) / scale_base
-    first, second = _pair_indices(head_dim, layout, device)
-    rotation[first, first] = damping
-    rotation[second, second] = damping
-    return rotation.to(dtype)
-
-
-def retnet_decays(n_heads: int) -> torch.Tensor:
-    """RetNet's per-head decay ``gamma_h = 1 - 2^(-5 - h)``, ``h = 0 .. H-1``: shape ``(H,)``, float64."""
-    require_int("n_heads", n_heads, minimum=1)
-    return 1 - 2.0 ** (-5 - torch.arange(n_heads, dtype=torch.float64))
-
-
-def damped_rope_generator(head_dim: int, decay, base: float = 10_000.0, layout: str = "half",
-                          dtype=torch.float32, device=None) -> torch.Tensor:
-    """RetNet-style damped RoPE: pair ``j`` has eigenvalues ``ln(gamma) +- i theta_j``.
-
-    ``decay``: ``gamma`` in ``(0, 1]``, a number or a tensor ``(D/2,)`` (one per pair). The logit of a query at
-    ``n`` and a key at ``m`` is RoPE's times ``gamma^(n - m)``: RetNet's ``D_nm`` with ``Theta_n = e^{i n theta}``.
-    For one generator per head, stack them: ``torch.stack([damped_rope_generator(D, g) for g in retnet_decays(H)])``.
-    """
-    gamma = torch.as_tensor(decay, dtype=torch.float64)
-    if gamma.ndim > 1 or (gamma.ndim == 1 and gamma.shape[0] != head_dim // 2):
-        raise ValueError(f"decay must be a number or a tensor of shape ({head_dim // 2},), got shape {tuple(gamma.shape)}")
-    if not bool(((gamma > 0) & (gamma <= 1)).all()):
-        raise ValueError(f"decay must lie in (0, 1] (gamma^(n - m) damps the past), got {decay}")
-    generator = rope_generator(head_dim, base, layout, dtype=torch.float64, device=device)
-    first, second = _pair_indices(head_dim, layout, device)
-    damping = torch.log(gamma).to(device).expand(head_dim // 2)
-    generator[first, first] = damping
-    generator[second, second] = damping
-    return generator.to(dtype)
-
-
-def decay_generator(dim: int, rates, dtype=torch.float32, device=None) -> torch.Tensor:
-    """Pure exponential decay ``X = -diag(rates)``: ``exp(tX) = diag(e^{-rate t})``.
-
-    ``rates``: a number or a tensor ``(dim,)``. A rate of 0 is NoPE on that feature; a negative rate is growth
-    (kept possible on purpose: the classification rejects it as unstable).
-    """
-    require_int("dim", dim, minimum=1)
-    rates = torch.as_tensor(rates, dtype=torch.float64, device=device)
-    if rates.ndim > 1 or (rates.ndim == 1 and rates.shape[0] != dim):
-        raise ValueError(f"rates must be a number or a tensor of shape ({dim},), got shape {tuple(rates.shape)}")
-    if not bool(torch.isfinite(rates).all()):
-        raise ValueError("rates must be finite")
-    return torch.diag(-rates.expand(dim)).to(dtype)
-
-
-def jordan_generator(head_dim: int, eigenvalue=0.0, frequency=None, block: int = 2, base: float = 10_000.0,
-                     dtype=torch.float32, device=None) -> torch.Tensor:
-    """The exotic class: copies of one real Jordan block, so ``exp(tX)`` is polynomial in ``t``.
-
-    * ``frequency = 0``: a real Jordan block of size ``block`` for ``eigenvalue = a``; ``exp(tX)`` has entry
-      ``(i, i + j) = e^{at} t^j / j!``. ``head_dim`` must be a multiple of ``block``.
-    * ``frequency = b != 0``: a complex pair ``a +- ib`` with Jordan size ``block``: ``block`` 2x2 rotation blocks
-      ``[[a, -b], [b, a]]`` on the diagonal and the 2x2 identity on the block super-diagonal, so for ``block = 2``
-      ``exp(tX) = e^{at} [[R(bt), t R(bt)], [0, R(bt)]]``. ``head_dim`` must be a multiple of ``2 * block``.
-    * ``frequency = None`` (default): complex pairs whose frequencies follow RoPE's geometric law over the copies,
-      ``b_c = base^(-c / n_copies)``.
-
-    ``eigenvalue`` and ``frequency`` are numbers or tensors with one entry per copy.
-    """
-    require_int("head_dim", head_dim, minimum=1)
-    require_int("block", block, minimum=1)
-    real = frequency is not None and not isinstance(frequency, torch.Tensor) and float(frequency) == 0.0
-    width = block if real else 2 * block
-    if head_dim % width:
-        raise ValueError(f"head_dim must be a multiple of {width} (copies of a {width} x {width} block), got {head_dim}")
-    copies = head_dim // width
-    if frequency is None:
-        frequency = require_positive_number("base", base) ** (-torch.arange(copies, dtype=torch.float64) / copies)
-    per_copy = {}
-    for name, value in (("eigenvalue", eigenvalue), ("frequency", frequency)):
-        value = torch.as_tensor(value, dtype=torch.float64)
-        if value.ndim > 1 or (value.ndim == 1 and value.shape[0] != copies):
-            raise ValueError(f"{name} must be a number or a tensor of shape ({copies},), got shape {tuple(value.shape)}")
-        per_copy[name] = value.expand(copies)
-    if not all(bool(torch.isfinite(v).all()) for v in per_copy.values()):
-        raise ValueError("eigenvalue and frequency must be finite")
-    blocks = []
-    for a, b in zip(per_copy["eigenvalue"].tolist(), per_copy["frequency"].tolist()):
-        if real:
-            diagonal, step = torch.tensor([[a]], dtype=torch.float64), torch.eye(1, dtype=torch.float64)
-        else:
-            diagonal, step = torch.tensor([[a, -b], [b, a]], dtype=torch.float64), torch.eye(2, dtype=torch.float64)
-        shift = torch.diag(torch.ones(block - 1, dtype=torch.float64), 1)
-        blocks.append(torch.kron(torch.eye(block, dtype=torch.float64), diagonal) + torch.kron(shift, step))
-    return torch.block_diag(*blocks).to(device=device, dtype=dtype)
-
-
-def alibi_generator(dtype=torch.float32, device=None) -> torch.Tensor:
-    """ALiBi's unipotent block ``N = [[0, 1], [0, 0]]``: ``exp(tN) = [[1, t], [0, 1]]``."""
-    return torch.tensor([[0.0, 1.0], [0.0, 0.0]], dtype=dtype, device=device)
-
-
-def alibi_vectors(slopes: torch.Tensor):
-    """The constant 2-D query and keys that turn :func:`alibi_generator` into ALiBi: ``(q_bar (2,), k_bar (H, 2))``.
-
-    ``q_bar = (0, 1)`` and ``k_bar_h = (-m_h, 0)`` give ``q_bar^T F(t)^T G(s) k_bar_h = -m_h (t - s)``, the causal
-    ALiBi bias (in the transposed convention of the Jane Street post, ``(1, 0)^T exp(aN) (0, -m) = -m a``).
-    """
-    require_tensor("slopes", slopes)
-    if slopes.ndim != 1:
-        raise ValueError(f"slopes must have shape (H,), got shape {tuple(slopes.shape)}")
-    q_bar = torch.tensor([0.0, 1.0], dtype=slopes.dtype, device=slopes.device)
-    k_bar = torch.stack((-slopes, torch.zeros_like(slopes)), dim=-1)
-    return q_bar, k_bar
-
-
 # attention plug-ins ---------------------------------------------------------------------------------------------
 def _apply_maps(maps: torch.Tensor, x: torch.Tensor, batched_positions: bool, per_head: bool) -> torch.Tensor:
     """``maps @ x`` per position. ``maps``: ``([B,] [H,] L, D, D)``; ``x``: ``(..., L, D)`` / ``(B, [H,] L, D)``."""
@@ -364,7 +210,7 @@ def _check_qk(name: str, x, head_dim: int, positions: torch.Tensor, per_head: in
     if positions.shape[-1] != x.shape[-2]:
         raise ValueError(f"{name}_positions must have length {x.shape[-2]} (the length of {name}), "
                          f"got shape {tuple(positions.shape)}")
-    if positions.ndim == 2 and (x.ndim not in (3, 4) or x.shape[0] != positions.shape[0]):
+    if positions.ndim == 2 and (x.ndim not in (3, 4) or positions.shape[0] not in (1, x.shape[0])):
         raise ValueError(f"{name} must have shape (B, H, L, D) or (B, L, D) with B = {positions.shape[0]} for "
                          f"batched {name}_positions, got shape {tuple(x.shape)}")
     if per_head is not None and (x.ndim < 3 or x.shape[-3] != per_head):
@@ -374,7 +220,7 @@ def _check_qk(name: str, x, head_dim: int, positions: torch.Tensor, per_head: in
 
 def _shared_rows(positions: torch.Tensor) -> torch.Tensor:
     """``(B, L)`` positions whose rows are all equal (the usual case) -> ``(L,)``: one map per position, not B."""
-    if positions.ndim == 2 and bool((positions == positions[:1]).all()):
+    if positions.ndim == 2 and _inspectable(positions) and bool((positions == positions[:1]).all()):
         return positions[0]
     return positions
 
@@ -426,12 +272,13 @@ class GroupEncoding(_MapsEncoding):
     def query_maps(self, positions, sign: float = 1.0) -> torch.Tensor:
         """``F(t)`` for ``positions`` ``(*P)``: ``(*P, D, D)``, or ``(H, L, D, D)`` / ``(B, H, L, D, D)`` per head."""
         positions = as_positions("positions", positions, device=self.generator.device)
-        times, inverse = torch.unique(positions, return_inverse=True)
+        # one exponential per distinct time (when the values may be inspected)
+        times, inverse = torch.unique(positions, return_inverse=True) if _inspectable(positions) else (positions, None)
         maps = _exp_times(self.generator, sign * times.to(_work_dtype(self.generator, times)))
-        if self.generator.ndim == 3:  # (H, U, D, D) -> (H, *P, D, D) -> ([B,] H, L, D, D)
-            maps = maps[:, inverse]
-            return maps.movedim(0, 1) if positions.ndim == 2 else maps
-        return maps[inverse]
+        per_head = self.generator.ndim == 3  # maps (H, *P, D, D) -> ([B,] H, L, D, D)
+        if inverse is not None:
+            maps = maps[:, inverse] if per_head else maps[inverse]
+        return maps.movedim(0, 1) if per_head and positions.ndim == 2 else maps
 
     def encode_qk(self, q, k, q_positions, k_positions):
         q_positions = as_positions("q_positions", q_positions, device=self.generator.device)
@@ -502,7 +349,5 @@ def relative_kernel(generator: torch.Tensor, offsets) -> torch.Tensor:
 
 __all__ = [
     "COMMUTING_TOL", "check_generator", "check_times", "one_parameter_group", "commutator", "check_commuting",
-    "multi_parameter_group", "rope_generator", "xpos_scales", "xpos_generator", "retnet_decays",
-    "damped_rope_generator", "decay_generator", "jordan_generator", "alibi_generator", "alibi_vectors",
-    "GroupEncoding", "MultiGroupEncoding", "relative_kernel",
+    "multi_parameter_group", "GroupEncoding", "MultiGroupEncoding", "relative_kernel",
 ]

@@ -1,9 +1,10 @@
-"""Positional encodings as one-parameter groups ``exp(tX)``, and the classification of their generators.
+"""The families of one-parameter group encodings ``exp(tX)``: a generator for each, and the classification of any.
 
-The maps, the generator of every family and the attention plug-ins live in :mod:`posenc.group_encodings` and are
-re-exported here, so ``from posenc.groups import GroupEncoding, rope_generator`` works. This module adds the
-classification of a generator by its real Jordan form (:func:`classify_generator`): each Jordan block of ``X``
-is one family of encodings.
+Constructors build the generator of every family (RoPE, xPos, RetNet, decay, Jordan blocks, ALiBi's block);
+:func:`classify_generator` recognises the family of any real generator from its real Jordan form. The maps and the
+attention plug-ins (:class:`GroupEncoding`, :class:`MultiGroupEncoding`) live in :mod:`posenc.group_encodings` and
+are re-exported here, so ``from posenc.groups import GroupEncoding, rope_generator`` works. Convention:
+``F(t) = exp(tX)`` for queries, ``G(s) = F(s)^{-T}`` for keys, logit ``q^T exp((t - s) X^T) k``.
 
 ========================  ======================================  ==========================================
 block of ``X``            ``exp(tX)`` on the block                family
@@ -22,8 +23,10 @@ float32). Everything is computed in float64 (complex128), on the generator's dev
 ``torch.linalg.eigvals``. Round-off splits a Jordan block of size ``k`` into ``k`` eigenvalues about
 ``eps^(1/k)`` apart, so eigenvalue distances alone cannot find blocks; instead
 
-1. candidate clusters are eigenvalues linked by distances below a radius (first ``0.1 ||X||``, shrunk tenfold
-   whenever a cluster fails step 2, down to ``tol ||X||``);
+1. candidate clusters: eigenvalues ``i, j`` are linked when ``|l_i - l_j|`` is below the round-off uncertainty of
+   either, ``LINK_SAFETY * eps * ||X|| * kappa`` (``kappa``: the eigenvalue's condition number, huge for the split
+   members of a Jordan block), but at least ``tol ||X||`` and at most a cap that starts at ``0.1 ||X||`` and
+   shrinks tenfold whenever a cluster fails step 2;
 2. a cluster of ``m`` eigenvalues with mean ``mu`` (the mean of a split cluster is accurate to round-off even when
    its members are not) is accepted as one eigenvalue when the nullities ``n_j`` of ``(X - mu I)^j``,
    ``j = 1..m``, read off the singular values below ``tol * sigma_max(X - mu I)^j``, form a valid Jordan
@@ -32,8 +35,9 @@ float32). Everything is computed in float64 (complex128), on the generator's dev
 
 A normal generator (``X X^T = X^T X`` within ``tol``; RoPE, xPos, RetNet, decay in their natural basis) is
 diagonalisable, so every block has size 1 and step 2 is skipped. The classification is invariant under a change
-of basis and under rescaling time (``X -> cX``, ``c > 0``). Limit: two distinct eigenvalues closer than about
-``sqrt(tol) ||X||`` in a non-normal generator cannot be told apart from a Jordan block.
+of basis and under rescaling time (``X -> cX``, ``c > 0``). Limit: in a non-normal generator, two distinct
+eigenvalues closer than about ``sqrt(tol) ||X||`` (more in an ill-conditioned basis) cannot be told apart from a
+Jordan block, and in float32 the slowest frequencies of an ill-conditioned generator drown in round-off.
 """
 from __future__ import annotations
 
@@ -41,11 +45,166 @@ from dataclasses import dataclass
 
 import torch
 
-from .group_encodings import (COMMUTING_TOL, GroupEncoding, MultiGroupEncoding, alibi_generator, alibi_vectors,
-                              check_commuting, check_generator, check_times, commutator, damped_rope_generator,
-                              decay_generator, jordan_generator, multi_parameter_group, one_parameter_group,
-                              relative_kernel, retnet_decays, rope_generator, xpos_generator, xpos_scales)
+from ._checks import require_int, require_positive_number, require_tensor
+from .group_encodings import (COMMUTING_TOL, GroupEncoding, MultiGroupEncoding, check_commuting, check_generator,
+                              check_times, commutator, multi_parameter_group, one_parameter_group, relative_kernel)
+from .rope import _check_layout
+from .rope_frequencies import rope_frequencies
 
+# generators of each family -------------------------------------------------------------------------------------
+def _pair_indices(head_dim: int, layout: str, device):
+    half = torch.arange(head_dim // 2, device=device)
+    return (half, half + head_dim // 2) if layout == "half" else (2 * half, 2 * half + 1)
+
+
+def _rope_inv_freq(head_dim: int, base: float, device) -> torch.Tensor:
+    require_int("head_dim", head_dim, minimum=2, even=True)
+    return rope_frequencies(head_dim, {"rope_theta": require_positive_number("base", base)}, device=device)[0]
+
+
+def _rotation_generator(head_dim, frequencies, damping, layout, dtype, device):
+    """Block generator: pair ``j`` gets ``[[damping_j, -frequency_j], [frequency_j, damping_j]]`` (in float64)."""
+    _check_layout(layout)
+    first, second = _pair_indices(head_dim, layout, device)
+    generator = torch.zeros(head_dim, head_dim, dtype=torch.float64, device=device)
+    frequencies = frequencies.to(device=device, dtype=torch.float64)
+    damping = torch.as_tensor(damping, dtype=torch.float64).to(device).expand_as(frequencies)
+    generator[first, second] = -frequencies
+    generator[second, first] = frequencies
+    generator[first, first] = damping
+    generator[second, second] = damping
+    return generator.to(dtype)
+
+
+def rope_generator(head_dim: int, base: float = 10_000.0, layout: str = "half", inv_freq=None,
+                   dtype=torch.float32, device=None) -> torch.Tensor:
+    """RoPE as a generator: block skew-symmetric ``(D, D)``, pair ``j`` is ``theta_j [[0, -1], [1, 0]]``.
+
+    ``exp(tX)`` equals :func:`posenc.rope_matrix` ``(t, inv_freq, layout)``. ``inv_freq`` ``(D/2,)`` overrides the
+    default frequencies ``theta_j = base^(-2j/D)`` (any table of :mod:`posenc.rope_frequencies` fits).
+    """
+    if inv_freq is None:
+        inv_freq = _rope_inv_freq(head_dim, base, device)
+    elif not isinstance(inv_freq, torch.Tensor) or inv_freq.shape != (require_int("head_dim", head_dim) // 2,):
+        raise ValueError(f"inv_freq must be a tensor of shape ({head_dim // 2},), got {inv_freq!r}")
+    return _rotation_generator(head_dim, inv_freq, 0.0, layout, dtype, device)
+
+
+def xpos_scales(head_dim: int) -> torch.Tensor:
+    """xPos's per-pair ``zeta_j = (2j + 0.4 D) / (1.4 D)``, ``j = 0 .. D/2 - 1``: shape ``(D/2,)``, float64."""
+    require_int("head_dim", head_dim, minimum=2, even=True)
+    pairs = torch.arange(head_dim // 2, dtype=torch.float64)
+    return (2 * pairs + 0.4 * head_dim) / (1.4 * head_dim)
+
+
+def xpos_generator(head_dim: int, base: float = 10_000.0, scale_base: float = 512, layout: str = "half",
+                   dtype=torch.float32, device=None) -> torch.Tensor:
+    """xPos as a damped rotation: pair ``j`` has eigenvalues ``ln(zeta_j) / B +- i theta_j`` (``B = scale_base``).
+
+    ``F(n) = exp(nX)`` is RoPE at ``n`` times ``zeta_j^(n/B)`` (the xPos query) and ``G(m) = F(m)^{-T}`` is RoPE at
+    ``m`` times ``zeta_j^(-m/B)`` (the xPos key).
+    """
+    damping = torch.log(xpos_scales(head_dim)) / require_positive_number("scale_base", scale_base)
+    return _rotation_generator(head_dim, _rope_inv_freq(head_dim, base, device), damping, layout, dtype, device)
+
+
+def _per_entry(name: str, value, count: int) -> torch.Tensor:
+    """A number or a tensor ``(count,)`` as a finite float64 tensor ``(count,)``."""
+    value = torch.as_tensor(value, dtype=torch.float64)
+    if value.ndim > 1 or (value.ndim == 1 and value.shape[0] != count):
+        raise ValueError(f"{name} must be a number or a tensor of shape ({count},), got shape {tuple(value.shape)}")
+    if not bool(torch.isfinite(value).all()):
+        raise ValueError(f"{name} must be finite")
+    return value.expand(count)
+
+
+def retnet_decays(n_heads: int) -> torch.Tensor:
+    """RetNet's per-head decay ``gamma_h = 1 - 2^(-5 - h)``, ``h = 0 .. H-1``: shape ``(H,)``, float64."""
+    require_int("n_heads", n_heads, minimum=1)
+    return 1 - 2.0 ** (-5 - torch.arange(n_heads, dtype=torch.float64))
+
+
+def damped_rope_generator(head_dim: int, decay, base: float = 10_000.0, layout: str = "half",
+                          dtype=torch.float32, device=None) -> torch.Tensor:
+    """RetNet-style damped RoPE: pair ``j`` has eigenvalues ``ln(gamma) +- i theta_j``.
+
+    ``decay``: ``gamma`` in ``(0, 1]``, a number or a tensor ``(D/2,)`` (one per pair). The logit of a query at
+    ``n`` and a key at ``m`` is RoPE's times ``gamma^(n - m)``: RetNet's ``D_nm`` with ``Theta_n = e^{i n theta}``.
+    For one generator per head, stack them: ``torch.stack([damped_rope_generator(D, g) for g in retnet_decays(H)])``.
+    """
+    require_int("head_dim", head_dim, minimum=2, even=True)
+    gamma = _per_entry("decay", decay, head_dim // 2)
+    if not bool(((gamma > 0) & (gamma <= 1)).all()):
+        raise ValueError(f"decay must lie in (0, 1] (gamma^(n - m) damps the past), got {decay}")
+    return _rotation_generator(head_dim, _rope_inv_freq(head_dim, base, device), torch.log(gamma), layout, dtype,
+                               device)
+
+
+def decay_generator(dim: int, rates, dtype=torch.float32, device=None) -> torch.Tensor:
+    """Pure exponential decay ``X = -diag(rates)``: ``exp(tX) = diag(e^{-rate t})``.
+
+    ``rates``: a number or a tensor ``(dim,)``. A rate of 0 is NoPE on that feature; a negative rate is growth
+    (kept possible on purpose: the classification rejects it as unstable).
+    """
+    return torch.diag(-_per_entry("rates", rates, require_int("dim", dim, minimum=1))).to(device=device, dtype=dtype)
+
+
+def jordan_generator(head_dim: int, eigenvalue=0.0, frequency=None, block: int = 2, base: float = 10_000.0,
+                     dtype=torch.float32, device=None) -> torch.Tensor:
+    """The exotic class: copies of one real Jordan block, so ``exp(tX)`` is polynomial in ``t``.
+
+    * ``frequency = 0``: a real Jordan block of size ``block`` for ``eigenvalue = a``; ``exp(tX)`` has entry
+      ``(i, i + j) = e^{at} t^j / j!``. ``head_dim`` must be a multiple of ``block``.
+    * ``frequency = b != 0``: a complex pair ``a +- ib`` with Jordan size ``block``: ``block`` 2x2 rotation blocks
+      ``[[a, -b], [b, a]]`` on the diagonal and the 2x2 identity on the block super-diagonal, so for ``block = 2``
+      ``exp(tX) = e^{at} [[R(bt), t R(bt)], [0, R(bt)]]``. ``head_dim`` must be a multiple of ``2 * block``.
+    * ``frequency = None`` (default): complex pairs whose frequencies follow RoPE's geometric law over the copies,
+      ``b_c = base^(-c / n_copies)``.
+
+    ``eigenvalue`` and ``frequency`` are numbers or tensors with one entry per copy.
+    """
+    require_int("head_dim", head_dim, minimum=1)
+    require_int("block", block, minimum=1)
+    real = frequency is not None and not isinstance(frequency, torch.Tensor) and float(frequency) == 0.0
+    width = block if real else 2 * block
+    if head_dim % width:
+        raise ValueError(f"head_dim must be a multiple of {width} (copies of a {width} x {width} block), "
+                         f"got {head_dim}")
+    copies = head_dim // width
+    if frequency is None:
+        frequency = require_positive_number("base", base) ** (-torch.arange(copies, dtype=torch.float64) / copies)
+    blocks = []
+    for a, b in zip(_per_entry("eigenvalue", eigenvalue, copies).tolist(),
+                    _per_entry("frequency", frequency, copies).tolist()):
+        if real:
+            diagonal, step = torch.tensor([[a]], dtype=torch.float64), torch.eye(1, dtype=torch.float64)
+        else:
+            diagonal, step = torch.tensor([[a, -b], [b, a]], dtype=torch.float64), torch.eye(2, dtype=torch.float64)
+        shift = torch.diag(torch.ones(block - 1, dtype=torch.float64), 1)
+        blocks.append(torch.kron(torch.eye(block, dtype=torch.float64), diagonal) + torch.kron(shift, step))
+    return torch.block_diag(*blocks).to(device=device, dtype=dtype)
+
+
+def alibi_generator(dtype=torch.float32, device=None) -> torch.Tensor:
+    """ALiBi's unipotent block ``N = [[0, 1], [0, 0]]``: ``exp(tN) = [[1, t], [0, 1]]``."""
+    return torch.tensor([[0.0, 1.0], [0.0, 0.0]], dtype=dtype, device=device)
+
+
+def alibi_vectors(slopes: torch.Tensor):
+    """The constant 2-D query and keys that turn :func:`alibi_generator` into ALiBi: ``(q_bar (2,), k_bar (H, 2))``.
+
+    ``q_bar = (0, 1)`` and ``k_bar_h = (-m_h, 0)`` give ``q_bar^T F(t)^T G(s) k_bar_h = -m_h (t - s)``, the causal
+    ALiBi bias (in the transposed convention of the Jane Street post, ``(1, 0)^T exp(aN) (0, -m) = -m a``).
+    """
+    require_tensor("slopes", slopes)
+    if slopes.ndim != 1:
+        raise ValueError(f"slopes must have shape (H,), got shape {tuple(slopes.shape)}")
+    q_bar = torch.tensor([0.0, 1.0], dtype=slopes.dtype, device=slopes.device)
+    k_bar = torch.stack((-slopes, torch.zeros_like(slopes)), dim=-1)
+    return q_bar, k_bar
+
+
+# classification -------------------------------------------------------------------------------------------------
 #: Eigenvalues ``i, j`` are candidates for one (Jordan-split) eigenvalue when ``|l_i - l_j| <= LINK_SAFETY * eps *
 #: ||X|| * max(kappa_i, kappa_j)``: one lies within the round-off uncertainty of the other (``eps`` of the generator's
 #: dtype, ``kappa`` the eigenvalue condition numbers; a simple eigenvalue moves by about ``kappa ||E||`` under a

@@ -156,13 +156,21 @@ class _Rotation(torch.autograd.Function):
         return _Rotation.apply(grad, cos, -sin, ctx.layout), None, None, None
 
 
+# Below this many elements the plain formula is faster than the out= kernel (fewer Python-level calls).
+_KERNEL_MIN_NUMEL = 1 << 16
+
+
+def _tables_fit(x, table) -> bool:
+    """Whether ``x * table`` has the shape of ``x`` (the table broadcasts to ``x``, not the other way)."""
+    return all(t in (1, n) for t, n in zip(reversed(table.shape[:-1]), reversed(x.shape[:-1])))
+
+
 def _kernel_fits(x, cos, sin) -> bool:
-    """Whether the out= kernel computes what the formula does: a real x that keeps its shape, no traced
-    or functorch-wrapped tensors, no gradient wanted for the tables."""
-    return (x.is_floating_point() and not torch.compiler.is_compiling()
-            and not torch._C._are_functorch_transforms_active()
-            and not (torch.is_grad_enabled() and (cos.requires_grad or sin.requires_grad))
-            and torch.broadcast_shapes(x.shape[:-1], cos.shape[:-1], sin.shape[:-1]) == x.shape[:-1])
+    """Whether the out= kernel computes what the formula does: a large real x that keeps its shape, no
+    traced or functorch-wrapped tensors, no gradient wanted for the tables."""
+    return (x.numel() >= _KERNEL_MIN_NUMEL and x.is_floating_point() and _tables_fit(x, cos)
+            and not torch.compiler.is_compiling() and not torch._C._are_functorch_transforms_active()
+            and not (torch.is_grad_enabled() and (cos.requires_grad or sin.requires_grad)))
 
 
 def _rotate_default(x, cos, sin, layout):
@@ -216,7 +224,7 @@ def apply_rope_(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, layout: s
     ``cos`` and ``sin`` must broadcast to ``x`` (not the other way round). Autograd sees an in-place copy.
     """
     cos, sin = _prepare(x, cos, sin, layout)
-    if torch.broadcast_shapes(x.shape[:-1], cos.shape[:-1]) != x.shape[:-1]:
+    if not _tables_fit(x, cos):
         raise ValueError(f"cos/sin of shape {tuple(cos.shape)} do not broadcast to x of shape {tuple(x.shape)}; "
                          "apply_rope_ cannot grow x in place")
     if compiled and not torch.compiler.is_compiling():

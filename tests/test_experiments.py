@@ -159,5 +159,10 @@ def test_evaluation_and_table_agree():
     mean, low, high = accuracy_spread(runs, "fetch position 1", "learned", 8)
     assert low <= mean <= high and {r.accuracy[8] for r in runs} >= {low, high}
     table = results_table(runs, TINY)
-    assert f"{100 * mean:5.1f} ({100 * low:.0f}-{100 * high:.0f})" in table
+    cell = f"{100 * mean:5.1f} ({100 * low:.0f}-{100 * high:.0f})"
+    assert cell in table
     assert table.count("\n") == 2  # header, rule, one row
+    html = results_table(runs, TINY, baselines={"fetch position 1": {"bound <x>": {8: 0.5, 16: 0.25, 32: 0.125}}},
+                         html=True)
+    assert html.count("<tr>") == 3 and f'<td style="text-align:right">{cell}</td>' in html
+    assert "bound &lt;x&gt;" in html and " 12.5</td>" in html

@@ -377,3 +377,20 @@ def test_bad_constructor_arguments():
         groups.decay_generator(3, torch.ones(4))
     with pytest.raises(ValueError, match="tol must lie in"):
         groups.classify_generator(groups.rope_generator(4), tol=2.0)
+
+
+def test_everything_runs_on_the_meta_device():
+    """No hidden CPU tensors: constructors, maps and encodings stay on the device they are given."""
+    meta = torch.device("meta")
+    for generator in (groups.rope_generator(D, device=meta), groups.xpos_generator(D, device=meta),
+                      groups.damped_rope_generator(D, 0.9, device=meta), groups.decay_generator(D, 0.1, device=meta),
+                      groups.jordan_generator(D, device=meta), groups.alibi_generator(device=meta)):
+        assert generator.device == meta
+    x = groups.rope_generator(D, device=meta)
+    assert groups.one_parameter_group(x, torch.arange(5.0, device=meta)).device == meta
+    q = torch.randn(2, 3, 5, D, device=meta)
+    for encoding in (groups.GroupEncoding(x), groups.GroupEncoding(torch.stack([x] * 3))):
+        q_out, k_out = encoding.encode_qk(q, q, torch.arange(5, device=meta), torch.arange(10, device=meta)[None, :5])
+        assert q_out.device == k_out.device == meta and q_out.shape == q.shape
+    nd = groups.MultiGroupEncoding(axial_generators().to(meta))
+    assert nd.encode_qk(q, q, torch.zeros(5, 2, device=meta), torch.zeros(5, 2, device=meta))[0].device == meta

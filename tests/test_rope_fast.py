@@ -21,6 +21,12 @@ LAYOUTS = ("half", "interleaved")
 DTYPES = (torch.float32, torch.float64, torch.bfloat16, torch.float16)
 
 
+@pytest.fixture(autouse=True)
+def _kernel_for_every_size(monkeypatch):
+    """Small inputs normally take the plain formula (it is faster there); here they take the kernel under test."""
+    monkeypatch.setattr(rope, "_KERNEL_MIN_NUMEL", 0)
+
+
 def hf_rotation(x, cos_full, sin_full):
     """transformers' formula in the precision posenc promises: float32 (or wider) arithmetic, rounded once."""
     from transformers.models.llama.modeling_llama import rotate_half
@@ -52,6 +58,15 @@ def test_values_and_gradients_are_bit_exact_with_transformers_in_fp32(case):
     expected = torch.autograd.grad((q_ref, k_ref), (q, k), grads)
     actual = torch.autograd.grad((q_out, k_out), (q, k), grads)
     assert all(torch.equal(a, e) for a, e in zip(actual, expected))
+
+
+def test_large_inputs_take_the_kernel_by_default(monkeypatch):
+    monkeypatch.undo()
+    x = torch.randn(1, 8, 128, 64)
+    cos, sin = random_tables(128, 32)
+    assert rope._kernel_fits(x, cos, sin) and not rope._kernel_fits(x[:, :2], cos, sin)
+    full = (torch.cat((t, t), dim=-1) for t in (cos, sin))
+    assert torch.equal(posenc.apply_rope(x, cos, sin), hf_rotation(x, *full))
 
 
 @settings(max_examples=40, deadline=None)

@@ -201,14 +201,16 @@ class TestPage:
             control.press("Home")
             assert int(control.input_value()) == 0, f"{where}: Home did not reach the first value"
             assert figure.evaluate(FINGERPRINT_JS) != end_frame, f"{where}: first and last frames are the same"
-            # the mouse: drag the thumb from the left end to the right end
+            # the mouse: press on the track's left end and drag past its right end
             box = control.bounding_box()
             y = box["y"] + box["height"] / 2
-            visit.page.mouse.click(box["x"] + 1, y)
+            visit.page.mouse.move(box["x"] + 2, y)
             visit.page.mouse.down()
-            visit.page.mouse.move(box["x"] + box["width"] - 1, y, steps=5)
+            visit.page.mouse.move(box["x"] + box["width"] + 40, y, steps=8)
             visit.page.mouse.up()
-            assert int(control.input_value()) == top, f"{where}: dragging with the mouse did not reach the end"
+            assert int(control.input_value()) == top, (
+                f"{where}: dragging past the end with the mouse stopped at {control.input_value()} of {top} "
+                "(does the track move while the value label changes width?)")
             assert figure.evaluate(FINGERPRINT_JS) == end_frame, f"{where}: mouse and keyboard show different frames"
         assert not visit.traffic.problems(), visit.traffic.problems()
 

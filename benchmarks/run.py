@@ -1,0 +1,390 @@
+"""make bench: posenc's RoPE against the libraries people use, and the book's timings.
+
+Prints a table and writes it as JSON to _build/bench.json. Every speed figure is a ratio of contenders
+measured side by side in one run (their repetitions interleaved, see timing.py), so it holds on a busy
+machine even when the absolute times do not.
+
+Sections: RoPE forward on CPU (fp32 and bf16, two shapes, q and k both; throughput relative to posenc and as
+a fraction of the bandwidth of a plain out-of-place copy of q and k); backward and in place (CPU, fp32);
+bf16 precision against float64 at positions 0..100 000; the book (chapter execution times; a clean
+``make book`` with ``--book``); the redraw time of a live slider; the same forward harness on CUDA when a
+GPU is present.
+
+Usage: python benchmarks/run.py [--book] [--quick] [--budget SECONDS] [--output PATH]
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import platform
+import shutil
+import subprocess
+import sys
+import tempfile
+import time
+import warnings
+from pathlib import Path
+
+import torch
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+import peers  # noqa: E402
+from timing import interleaved, median_ratio, rounds_for, synchronizer, time_call  # noqa: E402
+
+import posenc  # noqa: E402
+
+ROOT = Path(__file__).resolve().parents[1]
+SHAPES = ((1, 32, 4096, 128), (4, 16, 2048, 128))
+QUICK_SHAPES = ((1, 8, 1024, 128),)
+PRECISION_POSITIONS = 100_001
+SLIDER_LIMIT_SECONDS = 0.1
+
+
+# ----------------------------------------------------------------------------------------------- machine
+def machine() -> dict:
+    model = platform.processor() or platform.machine()
+    cpuinfo = Path("/proc/cpuinfo")
+    if cpuinfo.exists():
+        names = [line.split(":", 1)[1].strip() for line in cpuinfo.read_text().splitlines()
+                 if line.startswith("model name")]
+        model = names[0] if names else model
+    info = {"cpu": model, "cores": os.cpu_count(), "torch_threads": torch.get_num_threads(),
+            "python": platform.python_version(), "torch": torch.__version__,
+            "load_average_at_start": [round(v, 2) for v in os.getloadavg()] if hasattr(os, "getloadavg") else None,
+            "cuda": torch.cuda.get_device_name(0) if torch.cuda.is_available() else None}
+    for name, (_, distribution) in peers.PEERS.items():
+        info[name] = peers.version(distribution)
+    return info
+
+
+# ----------------------------------------------------------------------------------------------- speed
+def forward_contenders(shape, dtype, device, in_place: bool, available: dict) -> tuple[dict, dict]:
+    """name -> zero-argument call rotating q and k; name -> the check of its result against posenc."""
+    generator = torch.Generator().manual_seed(0)
+    q = torch.randn(shape, generator=generator).to(dtype=dtype, device=device)
+    k = torch.randn(shape, generator=generator).to(dtype=dtype, device=device)
+    head_dim, seq_len = shape[-1], shape[-2]
+    cos, sin = peers.posenc_tables(head_dim, seq_len, device)
+    expected = {layout: posenc.apply_rope(q, cos, sin, layout) for layout in ("half", "interleaved")}
+    calls = {"copy": lambda: (q.clone(), k.clone())}
+    calls["posenc"] = lambda r=peers.posenc_rotation(head_dim, seq_len, dtype, device): r(q, k)
+    calls["posenc compiled"] = lambda r=peers.posenc_rotation(head_dim, seq_len, dtype, device, True): r(q, k)
+    if in_place:
+        buffers = q.clone(), k.clone()  # rotated again and again: a rotation keeps them bounded
+        calls["posenc in-place"] = lambda r=peers.posenc_in_place(head_dim, seq_len, dtype, device): r(*buffers)
+        calls["posenc in-place compiled"] = (
+            lambda r=peers.posenc_in_place(head_dim, seq_len, dtype, device, True): r(*buffers))
+    checks = {}
+    for name, builder in available.items():
+        rotate = builder(head_dim, seq_len, dtype, device)
+        native = peers.native_layout(name, q), peers.native_layout(name, k)
+        calls[name] = lambda rotate=rotate, native=native: rotate(*native)
+        layout = "interleaved" if name in peers.INTERLEAVED else "half"
+        checks[name] = lambda out, name=name, layout=layout: _max_difference(
+            peers.native_layout(name, out[0]), expected[layout])
+    checks["posenc compiled"] = lambda out: _max_difference(out[0], expected["half"])
+    return calls, checks
+
+
+def _max_difference(actual, expected) -> float:
+    return float((actual.float() - expected.float()).abs().max())
+
+
+def measure(calls: dict, checks: dict, shape, dtype, device, budget: float, reference: str = "posenc") -> dict:
+    """Warm every contender up (first calls compile), then time them interleaved."""
+    sync = synchronizer(device)
+    first_call, warm = {}, {}
+    caught = []
+    for name, call in calls.items():
+        with warnings.catch_warnings(record=True) as record:
+            warnings.simplefilter("always")
+            first_call[name] = time_call(call, sync)
+            out = call()
+            warm[name] = time_call(call, sync)
+        caught += [f"{name}: {w.message}" for w in record if issubclass(w.category, RuntimeWarning)]
+        if name in checks:
+            checks[name] = checks[name](out)
+        del out
+    rounds = rounds_for(sum(warm.values()), budget)
+    times = interleaved(calls, rounds, sync)
+    nbytes = 4 * shape_numel(shape) * torch.empty(0, dtype=dtype).element_size()  # read q, k; write two outputs
+    rows = []
+    for name, samples in times.items():
+        median = sorted(samples)[len(samples) // 2]
+        rows.append({
+            "contender": name, "median_ms": round(1e3 * median, 2), "GB_per_s": round(nbytes / median / 1e9, 2),
+            "vs_posenc": round(median_ratio(times[reference], samples), 3),
+            "fraction_of_copy": round(median_ratio(times["copy"], samples), 3),
+            "first_call_s": round(first_call[name], 2),
+            "max_diff_vs_posenc": None if name not in checks else round(checks[name], 5),
+        })
+    return {"device": str(device), "dtype": str(dtype).replace("torch.", ""), "shape": list(shape),
+            "rounds": rounds, "rows": rows, "warnings": caught, "times_s": times}
+
+
+def shape_numel(shape) -> int:
+    n = 1
+    for s in shape:
+        n *= s
+    return n
+
+
+def forward_section(device, shapes, budget, available) -> list:
+    results = []
+    for dtype in (torch.float32, torch.bfloat16):
+        for shape in shapes:
+            in_place = dtype == torch.float32
+            calls, checks = forward_contenders(shape, dtype, device, in_place, available)
+            results.append(measure(calls, checks, shape, dtype, device, budget))
+            print_speed(f"forward, {device}, {results[-1]['dtype']}, q and k {tuple(shape)}", results[-1])
+    return results
+
+
+def backward_section(shapes, budget, available) -> list:
+    """CPU fp32: time of the backward pass alone (the forward runs untimed before each repetition)."""
+    device, dtype, results = torch.device("cpu"), torch.float32, []
+    for shape in shapes:
+        head_dim, seq_len = shape[-1], shape[-2]
+        generator = torch.Generator().manual_seed(1)
+        q, k = torch.randn(shape, generator=generator), torch.randn(shape, generator=generator)
+        grads = torch.randn(shape, generator=generator), torch.randn(shape, generator=generator)
+        rotations = {"posenc": peers.posenc_rotation(head_dim, seq_len, dtype, device),
+                     "posenc compiled": peers.posenc_rotation(head_dim, seq_len, dtype, device, True)}
+        rotations.update({name: b(head_dim, seq_len, dtype, device) for name, b in available.items()})
+
+        def prepare(name, rotate):
+            def forward_then_backward():
+                leaves = [peers.native_layout(name, t).detach().requires_grad_() for t in (q, k)]
+                outputs = rotate(*leaves)
+                upstream = [peers.native_layout(name, g) for g in grads]
+                return lambda: torch.autograd.grad(outputs, leaves, upstream)
+            return forward_then_backward
+
+        calls = {"copy": lambda: (q.clone(), k.clone())}
+        preparers = {}
+        for name, rotate in rotations.items():
+            preparers[name] = prepare(name, rotate)
+            calls[name] = None
+        first = {name: time_call(preparers[name](), lambda: None) for name in rotations}  # compiles
+        warm = {name: time_call(preparers[name](), lambda: None) for name in rotations}
+        warm["copy"] = time_call(calls["copy"], lambda: None)
+        rounds = rounds_for(2 * sum(warm.values()), budget)  # x2: the untimed forward passes
+        times = interleaved(calls, rounds, lambda: None, prepare=preparers)
+        nbytes = 4 * shape_numel(shape) * 4
+        rows = [{"contender": name, "median_ms": round(1e3 * sorted(t)[len(t) // 2], 2),
+                 "GB_per_s": round(nbytes / sorted(t)[len(t) // 2] / 1e9, 2),
+                 "vs_posenc": round(median_ratio(times["posenc"], t), 3),
+                 "fraction_of_copy": round(median_ratio(times["copy"], t), 3),
+                 "first_call_s": round(first.get(name, 0.0), 2), "max_diff_vs_posenc": None}
+                for name, t in times.items()]
+        results.append({"device": "cpu", "dtype": "float32", "shape": list(shape), "rounds": rounds,
+                        "rows": rows, "warnings": [], "times_s": times})
+        print_speed(f"backward, cpu, float32, q and k {tuple(shape)}", results[-1])
+    return results
+
+
+# ----------------------------------------------------------------------------------------------- precision
+def float64_rotation(x: torch.Tensor, positions: torch.Tensor, layout: str, base: float = 10_000.0):
+    """The exact RoPE of ``x`` in float64: angles ``m * base^(-2i/D)`` computed in float64 throughout."""
+    head_dim = x.shape[-1]
+    inv_freq = base ** -(torch.arange(0, head_dim, 2, dtype=torch.float64) / head_dim)
+    angles = positions.double()[:, None] * inv_freq
+    cos, sin = angles.cos(), angles.sin()
+    x = x.double()
+    if layout == "half":
+        x1, x2 = x[..., : head_dim // 2], x[..., head_dim // 2:]
+        return torch.cat((x1 * cos - x2 * sin, x2 * cos + x1 * sin), dim=-1)
+    x1, x2 = x[..., 0::2], x[..., 1::2]
+    return torch.stack((x1 * cos - x2 * sin, x2 * cos + x1 * sin), dim=-1).flatten(-2)
+
+
+def precision_section(available, n_positions: int = PRECISION_POSITIONS) -> list:
+    head_dim = 128
+    x = torch.randn(1, 1, n_positions, head_dim, generator=torch.Generator().manual_seed(2)).bfloat16()
+    positions = torch.arange(n_positions)
+    exact = {layout: float64_rotation(x, positions, layout) for layout in ("half", "interleaved")}
+    rotations = {"posenc": peers.posenc_rotation(head_dim, n_positions, torch.bfloat16, "cpu"),
+                 "posenc compiled": peers.posenc_rotation(head_dim, n_positions, torch.bfloat16, "cpu", True)}
+    rotations.update({name: b(head_dim, n_positions, torch.bfloat16, "cpu") for name, b in available.items()})
+    rows = []
+    for name, rotate in rotations.items():
+        native = peers.native_layout(name, x)
+        out = peers.native_layout(name, rotate(native, native)[0])  # back to (B, H, L, D)
+        error = (out.double() - exact["interleaved" if name in peers.INTERLEAVED else "half"]).abs()
+        first = error[..., :4096, :]
+        rows.append({"contender": name, "max_error": float(error.max()), "mean_error": float(error.mean()),
+                     "max_error_first_4096": float(first.max())})
+    # what rounding the exact result to bf16 costs by itself: the floor for any bf16 output
+    floor = (exact["half"].bfloat16().double() - exact["half"]).abs()
+    rows.append({"contender": "exact result rounded to bf16", "max_error": float(floor.max()),
+                 "mean_error": float(floor.mean()), "max_error_first_4096": float(floor[..., :4096, :].max())})
+    print_table(f"precision: bf16 q (1, 1, {n_positions}, {head_dim}), positions 0..{n_positions - 1}, "
+                "error against float64",
+                ["contender", "max_error", "mean_error", "max_error_first_4096"], rows)
+    return rows
+
+
+# ----------------------------------------------------------------------------------------------- the book
+def chapter_times(times_file: Path) -> dict:
+    if not times_file.exists():
+        return {"measured": False, "note": f"{times_file.relative_to(ROOT)} not found: run make book first"}
+    records = json.loads(times_file.read_text())
+    chapters = {Path(n).stem: {"seconds": r.get("seconds"), "ok": r.get("ok")} for n, r in sorted(records.items())}
+    return {"measured": True, "source": str(times_file.relative_to(ROOT)) if times_file.is_relative_to(ROOT)
+            else str(times_file), "chapters": chapters,
+            "sum_seconds": round(sum(c["seconds"] or 0 for c in chapters.values()), 1)}
+
+
+def clean_book_build() -> dict:
+    """``make book`` in a fresh copy of the working tree (so the shared _build is left alone), timed."""
+    files = subprocess.run(["git", "ls-files", "-co", "--exclude-standard", "-z"], cwd=ROOT, check=True,
+                           capture_output=True).stdout.decode().split("\0")
+    with tempfile.TemporaryDirectory(prefix="posenc-book-") as tmp:
+        copy = Path(tmp) / "book"
+        for name in filter(None, files):
+            source = ROOT / name
+            if source.is_file():
+                (copy / name).parent.mkdir(parents=True, exist_ok=True)
+                shutil.copy2(source, copy / name)
+        (copy / ".venv").symlink_to(ROOT / ".venv")  # the installed environment, not a new install
+        start = time.perf_counter()
+        result = subprocess.run(["make", "book"], cwd=copy, capture_output=True, text=True)
+        seconds = time.perf_counter() - start
+        chapters = chapter_times(copy / "_build" / "executed" / "times.json")
+        chapters.pop("source", None)
+        return {"seconds": round(seconds, 1), "ok": result.returncode == 0, "chapters": chapters,
+                "tail": result.stdout[-2000:] + result.stderr[-2000:] if result.returncode else ""}
+
+
+def book_section(run_book: bool) -> dict:
+    section = {"chapters": chapter_times(ROOT / "_build" / "executed" / "times.json")}
+    section["clean_make_book"] = clean_book_build() if run_book else {
+        "measured": False, "note": "not run: pass --book (a clean make book takes minutes)"}
+    print_book(section)
+    return section
+
+
+# ----------------------------------------------------------------------------------------------- sliders
+def slider_section() -> list:
+    """Median time of one live update (draw + PNG render) for two typical figures of the book."""
+    import numpy as np
+
+    from posenc.interactive import InteractiveFigure
+
+    rng = np.random.default_rng(0)
+    change = rng.normal(size=(8, 2, 64))  # precomputed, as the chapters do: draw() only draws
+
+    def bars(fig, order):  # the shuffled-sentence figure of chapter 1: two bar charts of 64 bars
+        axes = fig.subplots(1, 2, sharey=True)
+        for ax, values, name in zip(axes, change[order], ("NoPE", "RoPE")):
+            ax.bar(range(64), values, color="C0" if name == "NoPE" else "C3")
+            ax.set_title(f"{name}: largest change {abs(values).max():.2f}", fontsize=10)
+            ax.set_xlabel("output feature")
+        axes[0].set_ylabel("shuffled minus original")
+
+    positions = np.arange(256)
+    inv_freq = 10_000.0 ** -(np.arange(0, 64, 2) / 64)
+    angles = positions[:, None] * inv_freq
+
+    def line_and_heatmap(fig, scale):  # a typical line plot next to a heatmap with a colour bar
+        left, right = fig.subplots(1, 2)
+        for i in (0, 8, 16):
+            left.plot(positions, np.cos(angles[:, i] / scale), label=f"pair {i}")
+        left.legend(fontsize=8)
+        left.set_xlabel("position")
+        image = right.imshow(np.cos(angles[:64, :] / scale), aspect="auto", cmap="RdBu_r", vmin=-1, vmax=1)
+        fig.colorbar(image, ax=right)
+        right.set_xlabel("pair")
+
+    rows = []
+    for name, draw, sliders, value in (("bars (chapter 1)", bars, {"order": range(8)}, {"order": 5}),
+                                       ("line + heatmap", line_and_heatmap, {"scale": [1, 2, 4, 8, 16]},
+                                        {"scale": 8})):
+        figure = InteractiveFigure(draw, sliders, f"benchmark figure: {name}", figsize=(6.4, 3.2))
+        seconds = figure.redraw_seconds(repeats=7, **value)
+        rows.append({"figure": name, "redraw_ms": round(1e3 * seconds, 1),
+                     "under_100_ms": seconds < SLIDER_LIMIT_SECONDS})
+    print_table("live slider: one redraw (draw + PNG), median of 7", ["figure", "redraw_ms", "under_100_ms"], rows)
+    return rows
+
+
+# ----------------------------------------------------------------------------------------------- printing
+def print_table(title: str, columns: list[str], rows: list[dict]) -> None:
+    def cell(value):
+        if isinstance(value, float):
+            return f"{value:.3g}" if abs(value) < 1e-2 and value else f"{value:,.3f}".rstrip("0").rstrip(".")
+        return "-" if value is None else str(value)
+
+    cells = [[cell(row.get(c)) for c in columns] for row in rows]
+    widths = [max(len(c), *(len(r[i]) for r in cells)) for i, c in enumerate(columns)]
+    print(f"\n{title}")
+    print("  ".join(c.ljust(w) for c, w in zip(columns, widths)))
+    print("  ".join("-" * w for w in widths))
+    for r in cells:
+        print("  ".join(v.ljust(w) if i == 0 else v.rjust(w) for i, (v, w) in enumerate(zip(r, widths))))
+
+
+def print_speed(title: str, result: dict) -> None:
+    print_table(f"{title}  [{result['rounds']} interleaved rounds]",
+                ["contender", "median_ms", "GB_per_s", "vs_posenc", "fraction_of_copy", "first_call_s",
+                 "max_diff_vs_posenc"], result["rows"])
+    for warning in result["warnings"]:
+        print(f"  warning: {warning}")
+
+
+def print_book(section: dict) -> None:
+    chapters = section["chapters"]
+    if chapters.get("measured"):
+        rows = [{"chapter": n, "seconds": c["seconds"], "ok": c["ok"]} for n, c in chapters["chapters"].items()]
+        print_table(f"book: chapter execution times (from {chapters['source']})", ["chapter", "seconds", "ok"], rows)
+        print(f"  sum {chapters['sum_seconds']} s (run_notebooks.py runs two chapters at a time)")
+    else:
+        print(f"\nbook: chapter times not measured ({chapters['note']})")
+    build = section["clean_make_book"]
+    if "seconds" in build:
+        print(f"  clean make book: {build['seconds']} s, {'ok' if build['ok'] else 'FAILED'}")
+    else:
+        print(f"  clean make book: {build['note']}")
+
+
+# ----------------------------------------------------------------------------------------------- main
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--book", action="store_true", help="also time a clean `make book` (minutes)")
+    parser.add_argument("--quick", action="store_true", help="small shapes, few rounds: a smoke test")
+    parser.add_argument("--budget", type=float, default=None, help="seconds of timing per configuration")
+    parser.add_argument("--output", type=Path, default=ROOT / "_build" / "bench.json")
+    args = parser.parse_args()
+    torch.manual_seed(0)
+    shapes = QUICK_SHAPES if args.quick else SHAPES
+    budget = args.budget or (3.0 if args.quick else 30.0)
+    start = time.perf_counter()
+    report = {"machine": machine()}
+    print("machine: " + ", ".join(f"{k}={v}" for k, v in report["machine"].items()))
+    available, missing = peers.available_peers()
+    report["missing_peers"] = missing
+    for name, reason in missing.items():
+        print(f"  {name}: skipped ({reason})")
+    cpu = torch.device("cpu")
+    report["forward_cpu"] = forward_section(cpu, shapes, budget, available)
+    report["backward_cpu"] = backward_section(shapes, budget, available)
+    report["precision_bf16"] = precision_section(available, 4097 if args.quick else PRECISION_POSITIONS)
+    report["book"] = book_section(args.book)
+    report["slider"] = slider_section()
+    if torch.cuda.is_available():
+        report["forward_cuda"] = forward_section(torch.device("cuda"), shapes, budget, available)
+    else:
+        report["forward_cuda"] = {"measured": False, "note": "no CUDA device"}
+        print("\nCUDA: no device, skipped")
+    report["machine"]["load_average_at_end"] = [round(v, 2) for v in os.getloadavg()] if hasattr(
+        os, "getloadavg") else None
+    report["seconds"] = round(time.perf_counter() - start, 1)
+    args.output.parent.mkdir(parents=True, exist_ok=True)
+    args.output.write_text(json.dumps(report, indent=1))
+    print(f"\nwrote {args.output} in {report['seconds']} s")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
