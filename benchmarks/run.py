@@ -185,43 +185,41 @@ def backward_section(shapes, budget, available) -> list:
 
 
 # ----------------------------------------------------------------------------------------------- precision
-def float64_rotation(x: torch.Tensor, positions: torch.Tensor, layout: str, base: float = 10_000.0):
-    """The exact RoPE of ``x`` in float64: angles ``m * base^(-2i/D)`` computed in float64 throughout."""
+def float64_rotation(x: torch.Tensor, positions: torch.Tensor, base: float = 10_000.0) -> torch.Tensor:
+    """The exact RoPE of ``x`` (half layout) in float64: angles ``m * base^(-2i/D)`` in float64 throughout."""
     head_dim = x.shape[-1]
     inv_freq = base ** -(torch.arange(0, head_dim, 2, dtype=torch.float64) / head_dim)
     angles = positions.double()[:, None] * inv_freq
     cos, sin = angles.cos(), angles.sin()
-    x = x.double()
-    if layout == "half":
-        x1, x2 = x[..., : head_dim // 2], x[..., head_dim // 2:]
-        return torch.cat((x1 * cos - x2 * sin, x2 * cos + x1 * sin), dim=-1)
-    x1, x2 = x[..., 0::2], x[..., 1::2]
-    return torch.stack((x1 * cos - x2 * sin, x2 * cos + x1 * sin), dim=-1).flatten(-2)
+    x1, x2 = x.double()[..., : head_dim // 2], x.double()[..., head_dim // 2:]
+    return torch.cat((x1 * cos - x2 * sin, x2 * cos + x1 * sin), dim=-1)
 
 
 def precision_section(available, n_positions: int = PRECISION_POSITIONS) -> list:
+    """Every library rotates the same feature pairs: interleaved libraries get ``x`` permuted so that their
+    pair ``(2i, 2i + 1)`` holds the values of posenc's pair ``(i, i + D/2)``, and their output is permuted back."""
     head_dim = 128
     x = torch.randn(1, 1, n_positions, head_dim, generator=torch.Generator().manual_seed(2)).bfloat16()
-    positions = torch.arange(n_positions)
-    exact = {layout: float64_rotation(x, positions, layout) for layout in ("half", "interleaved")}
+    exact = float64_rotation(x, torch.arange(n_positions))
+    to_half = posenc.interleaved_to_half_permutation(head_dim)
+    to_interleaved = torch.argsort(to_half)
     rotations = {"posenc": peers.posenc_rotation(head_dim, n_positions, torch.bfloat16, "cpu"),
                  "posenc compiled": peers.posenc_rotation(head_dim, n_positions, torch.bfloat16, "cpu", True)}
     rotations.update({name: b(head_dim, n_positions, torch.bfloat16, "cpu") for name, b in available.items()})
     rows = []
     for name, rotate in rotations.items():
-        native = peers.native_layout(name, x)
+        interleaved = name in peers.INTERLEAVED
+        native = peers.native_layout(name, x[..., to_interleaved] if interleaved else x)
         out = peers.native_layout(name, rotate(native, native)[0])  # back to (B, H, L, D)
-        error = (out.double() - exact["interleaved" if name in peers.INTERLEAVED else "half"]).abs()
-        first = error[..., :4096, :]
+        error = (out[..., to_half] if interleaved else out).double().sub(exact).abs()
         rows.append({"contender": name, "max_error": float(error.max()), "mean_error": float(error.mean()),
-                     "max_error_first_4096": float(first.max())})
-    # what rounding the exact result to bf16 costs by itself: the floor for any bf16 output
-    floor = (exact["half"].bfloat16().double() - exact["half"]).abs()
+                     "max_error_first_4096": float(error[..., :4096, :].max())})
+    floor = (exact.bfloat16().double() - exact).abs()  # rounding the exact result to bf16: no output does better
     rows.append({"contender": "exact result rounded to bf16", "max_error": float(floor.max()),
                  "mean_error": float(floor.mean()), "max_error_first_4096": float(floor[..., :4096, :].max())})
-    print_table(f"precision: bf16 q (1, 1, {n_positions}, {head_dim}), positions 0..{n_positions - 1}, "
-                "error against float64",
-                ["contender", "max_error", "mean_error", "max_error_first_4096"], rows)
+    print_table(f"precision: bf16 x (1, 1, {n_positions}, {head_dim}), positions 0..{n_positions - 1}, "
+                "absolute error against float64", ["contender", "max_error", "mean_error", "max_error_first_4096"],
+                rows)
     return rows
 
 

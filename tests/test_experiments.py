@@ -75,21 +75,27 @@ def test_tasks_say_what_order_they_need_and_reject_bad_arguments():
         FetchPosition(1).sample(2, 4, 1, torch.Generator())
 
 
+@pytest.mark.parametrize("causal", [False, True])
 @pytest.mark.parametrize("task", [CopyBack(1), CopyBack(2), FetchPosition(0), FetchPosition(1)])
-def test_position_blind_accuracy_is_the_bayes_optimum_of_a_set_function(task):
-    """Brute force over every sequence of length 4 on 3 tokens: the best predictor that sees only the multiset
-    and its own token, pooled over all target positions, scores exactly the formula's mean."""
+def test_position_blind_accuracy_is_the_bayes_optimum_of_a_set_function(task, causal):
+    """Brute force over every sequence of length 4 on 3 tokens: the best predictor that sees only its own token
+    and the multiset of the sequence (causal: of the prefix, whose size reveals the position), pooled over all
+    target positions, scores exactly the formula's mean."""
     length, vocab = 4, 3
     sequences = torch.tensor(list(itertools.product(range(vocab), repeat=length)))
     source = task.sources(length)
-    votes = {}  # (multiset, own token) -> counts of targets
+    votes = {}  # what the predictor sees -> counts of targets
     for sequence in sequences.tolist():
         for i in range(length):
             if source[i] >= 0:
-                key = (tuple(sorted(sequence)), sequence[i])
+                seen = sequence[: i + 1] if causal else sequence
+                key = (tuple(sorted(seen)), sequence[i])
                 votes.setdefault(key, [0] * vocab)[sequence[source[i]]] += 1
     best = sum(max(counts) for counts in votes.values()) / sum(sum(counts) for counts in votes.values())
-    assert position_blind_accuracy(task, sequences, vocab) == pytest.approx(best, abs=1e-6)
+    assert position_blind_accuracy(task, sequences, vocab, causal=causal) == pytest.approx(best, abs=1e-6)
+    per_position = position_blind_accuracy(task, sequences, vocab, causal=causal, per_position=True)
+    assert torch.isnan(per_position[source < 0]).all()
+    assert per_position[source >= 0].mean().item() == pytest.approx(best, abs=1e-6)
 
 
 # the model ------------------------------------------------------------------------------------------------------
