@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import math
 import os
 import platform
 import shutil
@@ -94,21 +95,28 @@ def _max_difference(actual, expected) -> float:
 def measure(calls: dict, checks: dict, shape, dtype, device, budget: float, reference: str = "posenc") -> dict:
     """Warm every contender up (first calls compile), then time them interleaved."""
     sync = synchronizer(device)
-    first_call, warm = {}, {}
-    caught = []
+    first_call, warm, differences, caught = {}, {}, {}, []
     for name, call in calls.items():
         with warnings.catch_warnings(record=True) as record:
             warnings.simplefilter("always")
-            first_call[name] = time_call(call, sync)
+            first_call[name] = time_call(call, sync)  # compiles, fills caches
+            sync()
+            start = time.perf_counter()
             out = call()
-            warm[name] = time_call(call, sync)
+            sync()
+            warm[name] = time.perf_counter() - start
         caught += [f"{name}: {w.message}" for w in record if issubclass(w.category, RuntimeWarning)]
         if name in checks:
-            checks[name] = checks[name](out)
+            differences[name] = checks[name](out)
         del out
     rounds = rounds_for(sum(warm.values()), budget)
     times = interleaved(calls, rounds, sync)
-    nbytes = 4 * shape_numel(shape) * torch.empty(0, dtype=dtype).element_size()  # read q, k; write two outputs
+    return summary(times, shape, dtype, device, first_call, differences, caught, reference)
+
+
+def summary(times, shape, dtype, device, first_call, differences, caught, reference="posenc") -> dict:
+    """One row per contender: median time, bandwidth, and the two side-by-side ratios."""
+    nbytes = 4 * math.prod(shape) * torch.empty(0, dtype=dtype).element_size()  # read q, k; write two outputs
     rows = []
     for name, samples in times.items():
         median = sorted(samples)[len(samples) // 2]
@@ -116,18 +124,11 @@ def measure(calls: dict, checks: dict, shape, dtype, device, budget: float, refe
             "contender": name, "median_ms": round(1e3 * median, 2), "GB_per_s": round(nbytes / median / 1e9, 2),
             "vs_posenc": round(median_ratio(times[reference], samples), 3),
             "fraction_of_copy": round(median_ratio(times["copy"], samples), 3),
-            "first_call_s": round(first_call[name], 2),
-            "max_diff_vs_posenc": None if name not in checks else round(checks[name], 5),
+            "first_call_s": round(first_call.get(name, 0.0), 2),
+            "max_diff_vs_posenc": None if name not in differences else round(differences[name], 5),
         })
     return {"device": str(device), "dtype": str(dtype).replace("torch.", ""), "shape": list(shape),
-            "rounds": rounds, "rows": rows, "warnings": caught, "times_s": times}
-
-
-def shape_numel(shape) -> int:
-    n = 1
-    for s in shape:
-        n *= s
-    return n
+            "rounds": len(times[reference]), "rows": rows, "warnings": caught, "times_s": times}
 
 
 def forward_section(device, shapes, budget, available) -> list:
@@ -171,15 +172,7 @@ def backward_section(shapes, budget, available) -> list:
         warm["copy"] = time_call(calls["copy"], lambda: None)
         rounds = rounds_for(2 * sum(warm.values()), budget)  # x2: the untimed forward passes
         times = interleaved(calls, rounds, lambda: None, prepare=preparers)
-        nbytes = 4 * shape_numel(shape) * 4
-        rows = [{"contender": name, "median_ms": round(1e3 * sorted(t)[len(t) // 2], 2),
-                 "GB_per_s": round(nbytes / sorted(t)[len(t) // 2] / 1e9, 2),
-                 "vs_posenc": round(median_ratio(times["posenc"], t), 3),
-                 "fraction_of_copy": round(median_ratio(times["copy"], t), 3),
-                 "first_call_s": round(first.get(name, 0.0), 2), "max_diff_vs_posenc": None}
-                for name, t in times.items()]
-        results.append({"device": "cpu", "dtype": "float32", "shape": list(shape), "rounds": rounds,
-                        "rows": rows, "warnings": [], "times_s": times})
+        results.append(summary(times, shape, dtype, device, first, {}, []))
         print_speed(f"backward, cpu, float32, q and k {tuple(shape)}", results[-1])
     return results
 
@@ -311,7 +304,7 @@ def slider_section() -> list:
 def print_table(title: str, columns: list[str], rows: list[dict]) -> None:
     def cell(value):
         if isinstance(value, float):
-            return f"{value:.3g}" if abs(value) < 1e-2 and value else f"{value:,.3f}".rstrip("0").rstrip(".")
+            return f"{value:.4g}" if abs(value) < 10 else f"{value:,.1f}"
         return "-" if value is None else str(value)
 
     cells = [[cell(row.get(c)) for c in columns] for row in rows]
@@ -356,7 +349,7 @@ def main() -> int:
     args = parser.parse_args()
     torch.manual_seed(0)
     shapes = QUICK_SHAPES if args.quick else SHAPES
-    budget = args.budget or (3.0 if args.quick else 30.0)
+    budget = args.budget or (3.0 if args.quick else 20.0)
     start = time.perf_counter()
     report = {"machine": machine()}
     print("machine: " + ", ".join(f"{k}={v}" for k, v in report["machine"].items()))

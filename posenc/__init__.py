@@ -8,7 +8,14 @@ Modules, one concept each:
 * :mod:`posenc.alibi`: ALiBi slopes and biases;
 * :mod:`posenc.encodings` and :mod:`posenc.attention`: plug-in encodings and attention that takes any of them;
 * :mod:`posenc.embeddings`: real pretrained token and position embeddings (MiniLM offline);
-* :mod:`posenc.interactive`: live and static sliders from one drawing function.
+* :mod:`posenc.interactive`: live and static sliders from one drawing function;
+* :mod:`posenc.nd_rope`: RoPE for 2-D and N-D positions (axial, mixed) and its Lie view;
+* :mod:`posenc.rope_analysis`: RoPE's long-range bound, per-pair logits, angle errors;
+* :mod:`posenc.context_extension`: wavelengths, turns and trade-offs of stretched frequency tables;
+* :mod:`posenc.groups` (with :mod:`posenc.group_encodings`): one-parameter groups exp(tX), their classification
+  and the encodings they give (RoPE, xPos, RetNet, ALiBi, the Jordan class);
+* :mod:`posenc.geometry`: positional distributions, Hellinger distances, classical MDS, stress;
+* :mod:`posenc.tasks` and :mod:`posenc.experiments`: synthetic order tasks and small transformers to train.
 """
 from .absolute import (LearnedPositionalEmbedding, binary_encoding, integer_encoding, sinusoidal_encoding,
                        sinusoidal_frequencies)
@@ -19,6 +26,10 @@ from .rope import (RotaryEmbedding, apply_rope, interleaved_to_half_permutation,
                    rope_cos_sin, rope_matrix, rotate)
 from .rope_frequencies import ROPE_FREQUENCY_FUNCTIONS, rope_frequencies
 
-from . import embeddings, interactive
+from . import (context_extension, embeddings, experiments, geometry, group_encodings, groups, interactive, nd_rope,
+               rope_analysis, tasks)
+from .absolute import consecutive_distances, sinusoidal_dot_product
+from .nd_rope import NDRoPE
+from .groups import GroupEncoding
 
 __version__ = "0.1.0"

@@ -15,6 +15,14 @@ Layouts. Pair ``i`` of a ``D``-vector is
 
 Angles, cos and sin are always float32, whatever the dtype of ``x``; the rotation of a bf16 or fp16 input
 is carried out in float32 and rounded once at the end.
+
+Speed. :func:`apply_rope` on a large input writes both halves straight into one output with out= kernels (no
+``cat``, half-size tables broadcast over heads, one half-size temporary), bit for bit the same arithmetic
+as transformers' ``q * cos + rotate_half(q) * sin``, gradients included. ``compiled=True`` fuses the
+rotation into one ``torch.compile`` kernel that reads ``x`` once and writes the result once (about the speed
+of copying ``x``), at a cost of seconds on its first call in a process. :func:`apply_rope_` rotates in place.
+``benchmarks/run.py`` (``make bench``) measures all of them against transformers, rotary-embedding-torch and
+torchtune.
 """
 from __future__ import annotations
 
@@ -112,14 +120,21 @@ def _rotate_into(out, x, cos, sin, layout):
     work = x if x.dtype in (torch.float32, torch.float64) else x.float()
     x1, x2 = _pairs(work, half, layout)
     out1, out2 = _pairs(out, half, layout)
-    if out is not x and torch.result_type(x1, cos) == out.dtype == torch.result_type(x2, sin):
+    same_dtype = torch.result_type(x1, cos) == out.dtype == torch.result_type(x2, sin)
+    if same_dtype and out is not x:
         torch.mul(x1, cos, out=out1)
         scratch = x2 * sin
         out1.sub_(scratch)
         torch.mul(x2, cos, out=out2)
         torch.mul(x1, sin, out=scratch)
         out2.add_(scratch)
-    else:  # computed in a wider dtype and rounded once, or in place
+    elif same_dtype:  # in place: the first half waits in a temporary until x1 has been used
+        first, scratch = x1 * cos, x2 * sin
+        first.sub_(scratch)
+        torch.mul(x1, sin, out=scratch)
+        x2.mul_(cos).add_(scratch)
+        x1.copy_(first)
+    else:  # computed in a wider dtype and rounded once (in place or not)
         first, scratch = x1 * cos, x2 * sin
         first.sub_(scratch)
         in_place = work is out  # then out1 may not be written before the second half is computed
@@ -158,6 +173,7 @@ class _Rotation(torch.autograd.Function):
 
 # Below this many elements the plain formula is faster than the out= kernel (fewer Python-level calls).
 _KERNEL_MIN_NUMEL = 1 << 16
+_functorch_active = getattr(torch._C, "_are_functorch_transforms_active", lambda: False)
 
 
 def _tables_fit(x, table) -> bool:
@@ -169,7 +185,7 @@ def _kernel_fits(x, cos, sin) -> bool:
     """Whether the out= kernel computes what the formula does: a large real x that keeps its shape, no
     traced or functorch-wrapped tensors, no gradient wanted for the tables."""
     return (x.numel() >= _KERNEL_MIN_NUMEL and x.is_floating_point() and _tables_fit(x, cos)
-            and not torch.compiler.is_compiling() and not torch._C._are_functorch_transforms_active()
+            and not torch.compiler.is_compiling() and not _functorch_active()
             and not (torch.is_grad_enabled() and (cos.requires_grad or sin.requires_grad)))
 
 
