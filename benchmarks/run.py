@@ -56,6 +56,8 @@ def machine() -> dict:
             "cuda": torch.cuda.get_device_name(0) if torch.cuda.is_available() else None}
     for name, (_, distribution) in peers.PEERS.items():
         info[name] = peers.version(distribution)
+    if info["torchtune"]:
+        info["torchtune_loaded_from"] = peers.torchtune_module()[1]
     return info
 
 
