@@ -22,8 +22,8 @@ from .absolute import (LearnedPositionalEmbedding, binary_encoding, integer_enco
 from .alibi import alibi_bias, alibi_slopes
 from .attention import attention, causal_mask, self_attention
 from .encodings import ALiBi, LearnedInput, NoPE, PositionalEncoding, RoPE, SinusoidalInput
-from .rope import (RotaryEmbedding, apply_rope, interleaved_to_half_permutation, permute_qk_weight, rope_angles,
-                   rope_cos_sin, rope_matrix, rotate)
+from .rope import (RotaryEmbedding, apply_rope, apply_rope_, interleaved_to_half_permutation, permute_qk_weight,
+                   rope_angles, rope_cos_sin, rope_matrix, rotate)
 from .rope_frequencies import ROPE_FREQUENCY_FUNCTIONS, rope_frequencies
 
 from . import (context_extension, embeddings, experiments, geometry, group_encodings, groups, interactive, nd_rope,

@@ -43,10 +43,14 @@ def figure_mode() -> str:
     return "live" if shell is not None and "IPKernelApp" in getattr(shell, "config", {}) else "static"
 
 
-def _encode_png(fig, dpi, colors: int | None) -> str:
+def _render_png(fig, dpi) -> bytes:
     buffer = io.BytesIO()
     fig.savefig(buffer, format="png", dpi=dpi)
-    data = buffer.getvalue()
+    return buffer.getvalue()
+
+
+def _encode_png(fig, dpi, colors: int | None) -> str:
+    data = _render_png(fig, dpi)
     if colors:
         from PIL import Image
 
@@ -142,7 +146,7 @@ class InteractiveFigure:
         for _ in range(repeats):
             start = time.perf_counter()
             self.update(**values)
-            _encode_png(self.figure, self.dpi, colors=None)
+            _render_png(self.figure, self.dpi)
             times.append(time.perf_counter() - start)
         return sorted(times)[len(times) // 2]
 
@@ -169,7 +173,7 @@ class InteractiveFigure:
     def _slider_html(self, name, values, images) -> str:
         uid = f"posenc-slider-{os.getpid()}-{next(_ids)}"
         labels = [_label(v) for v in values]
-        start = min(range(len(values)), key=lambda i: abs(_as_float(values[i]) - _as_float(self.defaults[name])))
+        start = _closest_index(values, self.defaults[name])
         others = ", ".join(f"{k} = {_label(v)}" for k, v in self.defaults.items() if k != name)
         caption = self.caption + (f" (slider: {name}; {others})" if others else f" (slider: {name})")
         alt = html.escape(caption, quote=True)
@@ -199,31 +203,31 @@ class InteractiveFigure:
 
     # live form ---------------------------------------------------------------------------------------------
     def widget(self):
-        """An ipywidgets ``VBox``: one ``SelectionSlider`` per parameter above an ``Output`` with the figure."""
-        import ipywidgets as widgets
-        from IPython.display import display
+        """An ipywidgets ``VBox``: one ``SelectionSlider`` per parameter above an ``Image`` of the figure.
 
-        output = widgets.Output()
+        Each slider move redraws the figure and sends one PNG (no notebook output is rewritten).
+        """
+        import ipywidgets as widgets
+
+        image = widgets.Image(format="png")
         controls = {}
         for name, values in self.sliders.items():
             labels = _unique_labels(values)
             controls[name] = widgets.SelectionSlider(
                 options=list(zip(labels, range(len(values)))),
-                value=min(range(len(values)), key=lambda i: abs(_as_float(values[i]) - _as_float(self.defaults[name]))),
+                value=_closest_index(values, self.defaults[name]),
                 description=name, continuous_update=True, layout=widgets.Layout(width="70%"),
             )
 
         def refresh(change=None):
             chosen = {name: self.sliders[name][control.value] for name, control in controls.items()}
             self.update(**chosen)
-            with output:
-                output.clear_output(wait=True)
-                display(self.figure)
+            image.value = _render_png(self.figure, self.dpi)
 
         for control in controls.values():
             control.observe(refresh, names="value")
         refresh()
-        return widgets.VBox([*controls.values(), output])
+        return widgets.VBox([*controls.values(), image])
 
     def show(self):
         """Display the live widget or the static slider, as :func:`figure_mode` decides."""
@@ -241,6 +245,10 @@ def _as_float(value) -> float:
         return float(value)
     except (TypeError, ValueError):
         return 0.0
+
+
+def _closest_index(values, target) -> int:
+    return min(range(len(values)), key=lambda i: abs(_as_float(values[i]) - _as_float(target)))
 
 
 def _unique_labels(values) -> list[str]:

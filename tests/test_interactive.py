@@ -41,12 +41,15 @@ def test_page_weight_bound_is_enforced():
 
 def test_live_widget_redraws_on_slider_change():
     widget = make().widget()
-    sliders, output = widget.children[:-1], widget.children[-1]
+    sliders, image = widget.children[:-1], widget.children[-1]
     assert [s.description for s in sliders] == ["scale", "offset"]
+    assert bytes(image.value).startswith(b"\x89PNG")
     before = make().update(scale=1).axes[0].lines[0].get_ydata().tolist()
     figure = make()
     box = figure.widget()
+    first_picture = bytes(box.children[-1].value)
     box.children[0].value = 9
+    assert bytes(box.children[-1].value) != first_picture
     assert figure.figure.axes[0].lines[0].get_ydata().tolist() != before
     assert figure.figure.axes[0].lines[0].get_ydata().tolist()[1] == 9.5
 

@@ -59,7 +59,7 @@ def stage() -> Path:
 def build() -> int:
     stage()
     command = [str(Path(sys.executable).parent / "jupyter-book"), "build", str(STAGE), "--path-output", str(ROOT),
-               "-n", "-W", "--keep-going"]
+               "--all", "-n", "-W", "--keep-going"]
     print("+", " ".join(command), flush=True)
     result = subprocess.run(command, cwd=ROOT)
     if result.returncode:

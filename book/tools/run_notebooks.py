@@ -50,20 +50,29 @@ def execute(path: str, threads: int, output_dir: str | None = None, figures: str
 
     settings = execution_settings()
     notebook_path = Path(path)
-    nb = nbformat.read(notebook_path, as_version=4)
     env = kernel_env(figures, threads)
-    client = NotebookClient(nb, timeout=settings.get("timeout", 300), kernel_name="python3",
-                            resources={"metadata": {"path": str(notebook_path.parent)}})
     relative = notebook_path.relative_to(ROOT)
     record = {"notebook": str(relative), "ok": True}
     start = time.perf_counter()
-    try:
-        client.execute(env=env)
-    except (CellExecutionError, CellTimeoutError) as error:
-        index = next((i for i, cell in enumerate(nb.cells) if cell.cell_type == "code"
-                      and any(o.get("output_type") == "error" for o in cell.get("outputs", []))), None)
-        record.update(ok=False, cell=index, source=nb.cells[index].source if index is not None else "",
-                      error=str(error)[-4000:])
+    for attempt in (1, 2):
+        nb = nbformat.read(notebook_path, as_version=4)
+        client = NotebookClient(nb, timeout=settings.get("timeout", 300), kernel_name="python3",
+                                resources={"metadata": {"path": str(notebook_path.parent)}})
+        try:
+            client.execute(env=env)
+        except (CellExecutionError, CellTimeoutError) as error:
+            index = next((i for i, cell in enumerate(nb.cells) if cell.cell_type == "code"
+                          and any(o.get("output_type") == "error" for o in cell.get("outputs", []))), None)
+            record.update(ok=False, cell=index, source=nb.cells[index].source if index is not None else "",
+                          error=str(error)[-4000:])
+        except Exception as error:  # the kernel itself failed (e.g. two kernels raced for one port): once more
+            if attempt == 2:
+                record.update(ok=False, cell=None, source="", error=f"kernel failure: {error!r}")
+            else:
+                print(f"retrying {relative}: kernel failure {error!r}", flush=True)
+                start = time.perf_counter()
+                continue
+        break
     record["seconds"] = round(time.perf_counter() - start, 2)
     target = Path(output_dir or executed_dir()) / relative
     target.parent.mkdir(parents=True, exist_ok=True)
