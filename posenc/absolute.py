@@ -22,14 +22,25 @@ def integer_encoding(positions, dim: int, length: int | None = None, dtype=torch
     return values[..., None].expand(*values.shape, dim)
 
 
-def binary_encoding(positions, bits: int, dtype=torch.float32) -> torch.Tensor:
-    """Bit ``j`` (least significant first) of each integer position: ``(*P, L, bits)`` of zeros and ones."""
+def binary_encoding(positions, bits: int, dtype=torch.float32, wrap: bool = False) -> torch.Tensor:
+    """Bit ``j`` (least significant first) of each integer position: ``(*P, L, bits)`` of zeros and ones.
+
+    ``bits`` bits tell apart ``2**bits`` positions. A position ``>= 2**bits`` is a ValueError, unless
+    ``wrap=True``: then the code is that of ``position % 2**bits`` (every bit is periodic).
+    """
     require_int("bits", bits, minimum=1)
+    if not isinstance(wrap, bool):
+        raise TypeError(f"wrap must be True or False, got {type(wrap).__name__}")
     positions = as_positions("positions", positions)
     if positions.is_floating_point():
         raise TypeError(f"positions must be integers for a binary encoding, got dtype {positions.dtype}")
-    if positions.device.type != "meta" and bool((positions < 0).any()):
-        raise ValueError("positions must be >= 0 for a binary encoding")
+    if positions.device.type != "meta" and positions.numel():
+        low, high = int(positions.min()), int(positions.max())
+        if low < 0:
+            raise ValueError(f"positions must be >= 0 for a binary encoding, got {low}")
+        if high >= 2**bits and not wrap:
+            raise ValueError(f"positions must be < 2**bits = {2**bits} for bits={bits}, got {high} (it would share "
+                             f"its code with {high % 2**bits}); use more bits, or wrap=True to wrap on purpose")
     powers = 2 ** torch.arange(bits, device=positions.device)
     return ((positions[..., None] // powers) % 2).to(dtype)
 

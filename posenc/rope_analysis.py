@@ -76,11 +76,18 @@ def pair_logit_contributions(q: torch.Tensor, k: torch.Tensor, distances, inv_fr
 
 
 def wrapped_angle_error(angles: torch.Tensor, reference: torch.Tensor) -> torch.Tensor:
-    """``|angles - reference|`` measured around the circle, in ``[0, pi]``, float64 (shapes broadcast)."""
+    """``|angles - reference|`` measured around the circle, in ``[0, pi]``, float64 (shapes broadcast).
+
+    Computed without cancellation: ``fmod`` of the absolute difference by ``2 pi`` is exact, and ``2 pi - r`` is
+    exact for ``r >= pi`` (Sterbenz), so a small error keeps all its digits (shifting by ``pi`` and back, the
+    usual formula, would round every error below ``4e-16`` to 0 and keep no relative accuracy for small ones).
+    The only rounding left is that of ``2 pi`` itself, ``2.4e-16`` per full turn in the difference.
+    """
     require_tensor("angles", angles)
     require_tensor("reference", reference)
-    difference = angles.double() - reference.double()
-    return torch.remainder(difference + math.pi, 2 * math.pi).sub(math.pi).abs()
+    turn = 2 * math.pi
+    remainder = torch.fmod((angles.double() - reference.double()).abs(), turn)  # in [0, 2 pi), exact
+    return torch.minimum(remainder, turn - remainder)
 
 
 def max_offset_spread(scores: torch.Tensor, q_positions, k_positions) -> float:

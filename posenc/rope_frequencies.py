@@ -12,10 +12,16 @@ Every function has the signature::
 ``rope_parameters`` uses the key names and defaults of Hugging Face transformers' ``rope_parameters``
 (``rope_theta``, ``factor``, ``original_max_position_embeddings``, ``beta_fast``, ...), and the tables are
 computed the same way, operation for operation, so they are equal to transformers' own bit for bit.
+
+:data:`ROPE_TYPES` is the one table of what each ``rope_type`` reads. :func:`rope_frequencies` checks
+``rope_parameters`` against it before computing anything: a key the ``rope_type`` would ignore, a required key
+that is missing, or a value transformers warns about is a ValueError, never a silently different table.
 """
 from __future__ import annotations
 
+import difflib
 import math
+from dataclasses import dataclass
 from typing import Callable
 
 import torch
@@ -160,8 +166,8 @@ def llama3_frequencies(head_dim, rope_parameters, max_position_embeddings, seq_l
 
 def proportional_frequencies(head_dim, rope_parameters, max_position_embeddings, seq_len=None, device=None):
     """p-RoPE: the first ``partial_rotary_factor`` of the pairs keep their RoPE frequency (exponent over the full
-    ``head_dim``), the remaining lowest-frequency pairs get frequency 0 and are never rotated; all divided by
-    ``factor`` (default 1). The table always covers the whole head: shape ``(head_dim // 2,)``."""
+    ``head_dim``), the remaining lowest-frequency pairs get frequency 0 and are never rotated. The table always
+    covers the whole head: shape ``(head_dim // 2,)``."""
     base = rope_parameters.get("rope_theta", DEFAULT_THETA)
     proportion = rope_parameters.get("partial_rotary_factor", 1.0)
     rotated_pairs = int(proportion * head_dim // 2)
@@ -170,20 +176,138 @@ def proportional_frequencies(head_dim, rope_parameters, max_position_embeddings,
     unrotated = head_dim // 2 - rotated_pairs
     if unrotated > 0:
         inv_freq = torch.cat((inv_freq, torch.zeros(unrotated, dtype=torch.float32, device=device)))
-    return inv_freq / rope_parameters.get("factor", 1.0), 1.0
+    return inv_freq, 1.0
 
 
 RopeFrequencyFn = Callable[..., "tuple[torch.Tensor, float]"]
 
-ROPE_FREQUENCY_FUNCTIONS: dict[str, RopeFrequencyFn] = {
-    "default": default_frequencies,
-    "linear": linear_frequencies,
-    "dynamic": dynamic_frequencies,
-    "yarn": yarn_frequencies,
-    "longrope": longrope_frequencies,
-    "llama3": llama3_frequencies,
-    "proportional": proportional_frequencies,
+@dataclass(frozen=True)
+class RopeType:
+    """What one ``rope_type`` reads from ``rope_parameters``.
+
+    ``required``: keys without a default; ``optional``: keys it reads when present (``rope_theta`` and
+    ``partial_rotary_factor`` are optional for every type); ``uses_seq_len``: its table depends on the current
+    sequence length, so a model recomputes it as the sequence grows.
+    """
+
+    function: RopeFrequencyFn
+    required: tuple[str, ...]
+    optional: tuple[str, ...]
+    uses_seq_len: bool
+
+    def keys(self) -> tuple[str, ...]:
+        """Every key this rope_type accepts, ``rope_type`` included."""
+        return ("rope_type", *COMMON_KEYS, *self.required, *self.optional)
+
+
+COMMON_KEYS = ("rope_theta", "partial_rotary_factor")
+
+# The key sets are transformers' own (RotaryEmbeddingConfigMixin._validate_<rope_type>_rope_parameters), with
+# one difference: transformers also requires rope_theta (all types) and original_max_position_embeddings (yarn,
+# longrope, llama3), but fills both in from the model config before it checks; posenc fills them in from
+# DEFAULT_THETA and the max_position_embeddings argument, so here they are optional.
+ROPE_TYPES: dict[str, RopeType] = {
+    #               function                  required keys                                  optional keys                              seq_len
+    "default": RopeType(default_frequencies, (), (), False),
+    "linear": RopeType(linear_frequencies, ("factor",), (), False),
+    "dynamic": RopeType(dynamic_frequencies, ("factor",), (), True),
+    "yarn": RopeType(yarn_frequencies, ("factor",),
+                     ("original_max_position_embeddings", "attention_factor", "beta_fast", "beta_slow", "mscale",
+                      "mscale_all_dim", "truncate"), False),
+    "longrope": RopeType(longrope_frequencies, ("short_factor", "long_factor"),
+                         ("original_max_position_embeddings", "attention_factor", "factor"), True),
+    "llama3": RopeType(llama3_frequencies, ("factor", "low_freq_factor", "high_freq_factor"),
+                       ("original_max_position_embeddings",), False),
+    "proportional": RopeType(proportional_frequencies, (), (), False),
 }
+
+# The registry: rope_type -> function (derived from the table above, so the two cannot disagree).
+ROPE_FREQUENCY_FUNCTIONS: dict[str, RopeFrequencyFn] = {name: spec.function for name, spec in ROPE_TYPES.items()}
+
+
+def _is_number(value) -> bool:
+    return not isinstance(value, bool) and isinstance(value, (int, float)) and math.isfinite(value)
+
+
+# What each key must hold, as (test, what was expected). None is accepted for optional keys (transformers reads
+# a None the same as a missing key for these), except where the table reads None differently from absent.
+_VALUE_RULES: dict[str, tuple[Callable[[object], bool], str]] = {
+    "rope_theta": (lambda v: _is_number(v) and v > 1, "a number > 1"),
+    "partial_rotary_factor": (lambda v: _is_number(v) and 0 < v <= 1, "a number in (0, 1]"),
+    "factor": (lambda v: _is_number(v) and v >= 1, "a number >= 1"),
+    "low_freq_factor": (lambda v: _is_number(v) and v > 0, "a number > 0"),
+    "high_freq_factor": (lambda v: _is_number(v) and v > 0, "a number > 0"),
+    "original_max_position_embeddings": (lambda v: isinstance(v, int) and not isinstance(v, bool) and v >= 1,
+                                         "an int >= 1"),
+    "attention_factor": (lambda v: _is_number(v) and v >= 0, "a number >= 0"),
+    "beta_fast": (_is_number, "a number"),
+    "beta_slow": (_is_number, "a number"),
+    "mscale": (_is_number, "a number"),
+    "mscale_all_dim": (_is_number, "a number"),
+    "truncate": (lambda v: isinstance(v, bool), "True or False"),
+    "short_factor": (lambda v: isinstance(v, (list, tuple)) and all(map(_is_number, v)), "a list of numbers"),
+    "long_factor": (lambda v: isinstance(v, (list, tuple)) and all(map(_is_number, v)), "a list of numbers"),
+}
+_NONE_IS_NOT_ABSENT = {"rope_theta", "partial_rotary_factor", "truncate"}
+
+
+def _unknown_key_message(key, rope_type: str, spec: RopeType) -> str:
+    valid = sorted(spec.keys())
+    message = f"rope_parameters has the key {key!r}, which rope_type={rope_type!r} does not use"
+    close = difflib.get_close_matches(str(key), valid, n=1, cutoff=0.6)
+    message += f"; did you mean {close[0]!r}?" if close else "."
+    message += f" Valid keys for rope_type={rope_type!r}: {', '.join(valid)}."
+    owners = [name for name, other in ROPE_TYPES.items() if key in other.required + other.optional]
+    if owners:
+        message += f" {key!r} belongs to rope_type {', '.join(map(repr, owners))}."
+    return message
+
+
+def check_rope_parameters(rope_parameters: dict | None) -> dict:
+    """Validate ``rope_parameters`` and return a copy with ``rope_type`` set (the legacy key ``type`` moved there).
+
+    Raises ValueError naming the key for: an unknown ``rope_type``; a key the ``rope_type`` does not use (with
+    that type's valid keys and the closest name); a missing required key; a value transformers refuses or warns
+    about (``factor < 1``, ``high_freq_factor <= low_freq_factor``, ``beta_fast < beta_slow``, ...).
+    """
+    if rope_parameters is not None and not isinstance(rope_parameters, dict):
+        raise TypeError(f"rope_parameters must be a dict, got {type(rope_parameters).__name__}")
+    rope_parameters = dict(rope_parameters or {})
+    if "type" in rope_parameters:  # the legacy name (rope_scaling = {"type": ...}), as transformers accepts it
+        legacy = rope_parameters.pop("type")
+        if rope_parameters.setdefault("rope_type", legacy) != legacy:
+            raise ValueError(f"rope_parameters['type'] (the legacy name of 'rope_type') is {legacy!r} but "
+                             f"rope_parameters['rope_type'] is {rope_parameters['rope_type']!r}: give one of them")
+    rope_type = rope_parameters.setdefault("rope_type", "default")
+    if rope_type not in ROPE_TYPES:
+        close = difflib.get_close_matches(str(rope_type), list(ROPE_TYPES), n=1, cutoff=0.6)
+        hint = f" (did you mean {close[0]!r}?)" if close else ""
+        raise ValueError(f"unknown rope_type {rope_type!r}{hint}; known rope types: {', '.join(sorted(ROPE_TYPES))}")
+    spec = ROPE_TYPES[rope_type]
+    accepted = set(spec.keys())
+    for key in rope_parameters:
+        if key not in accepted:
+            raise ValueError(_unknown_key_message(key, rope_type, spec))
+    for key in spec.required:
+        if rope_parameters.get(key) is None:
+            raise ValueError(f"rope_parameters[{key!r}] is required for rope_type={rope_type!r}: expected "
+                             f"{_VALUE_RULES[key][1]}. Valid keys for rope_type={rope_type!r}: "
+                             f"{', '.join(sorted(accepted))}.")
+    for key, value in rope_parameters.items():
+        if key == "rope_type" or (value is None and key not in _NONE_IS_NOT_ABSENT):
+            continue
+        test, expected = _VALUE_RULES[key]
+        if not test(value):
+            raise ValueError(f"rope_parameters[{key!r}] must be {expected} for rope_type={rope_type!r}, got {value!r}")
+    low, high = rope_parameters.get("low_freq_factor"), rope_parameters.get("high_freq_factor")
+    if low is not None and high is not None and not high > low:
+        raise ValueError(f"rope_parameters['high_freq_factor'] must be greater than 'low_freq_factor', got "
+                         f"{high!r} and {low!r}")
+    beta_fast, beta_slow = rope_parameters.get("beta_fast") or 32, rope_parameters.get("beta_slow") or 1
+    if beta_fast < beta_slow:
+        raise ValueError(f"rope_parameters['beta_fast'] (default 32) must be >= 'beta_slow' (default 1), got "
+                         f"{beta_fast!r} and {beta_slow!r}")
+    return rope_parameters
 
 
 def rope_frequencies(
@@ -195,19 +319,14 @@ def rope_frequencies(
 ) -> tuple[torch.Tensor, float]:
     """Look up ``rope_parameters['rope_type']`` (default ``"default"``) and compute its frequencies.
 
-    Returns ``(inv_freq, attention_factor)`` with ``inv_freq`` of shape ``(rotary_dim // 2,)``, float32.
+    ``rope_parameters`` is checked first (:func:`check_rope_parameters`). Returns ``(inv_freq,
+    attention_factor)`` with ``inv_freq`` of shape ``(rotary_dim // 2,)``, float32.
     """
     require_int("head_dim", head_dim, minimum=2, even=True)
     require_int("max_position_embeddings", max_position_embeddings, minimum=1)
-    if rope_parameters is not None and not isinstance(rope_parameters, dict):
-        raise TypeError(f"rope_parameters must be a dict, got {type(rope_parameters).__name__}")
-    rope_parameters = dict(rope_parameters or {})
-    rope_type = rope_parameters.setdefault("rope_type", "default")
-    if rope_type not in ROPE_FREQUENCY_FUNCTIONS:
-        raise ValueError(
-            f"unknown rope_type {rope_type!r}; known rope types: {', '.join(sorted(ROPE_FREQUENCY_FUNCTIONS))}"
-        )
-    theta = rope_parameters.setdefault("rope_theta", DEFAULT_THETA)
-    if isinstance(theta, bool) or not isinstance(theta, (int, float)) or not theta > 1:
-        raise ValueError(f"rope_parameters['rope_theta'] must be a number > 1, got {theta!r}")
-    return ROPE_FREQUENCY_FUNCTIONS[rope_type](head_dim, rope_parameters, max_position_embeddings, seq_len, device)
+    if seq_len is not None:
+        require_int("seq_len", seq_len, minimum=1)
+    rope_parameters = check_rope_parameters(rope_parameters)
+    rope_parameters.setdefault("rope_theta", DEFAULT_THETA)
+    rope_type = rope_parameters["rope_type"]
+    return ROPE_TYPES[rope_type].function(head_dim, rope_parameters, max_position_embeddings, seq_len, device)

@@ -33,7 +33,8 @@ def test_binary_steps_grow_with_the_trailing_ones(bits):
 
 
 def test_consecutive_distances_promote_integers_and_reject_bad_shapes():
-    assert consecutive_distances(torch.tensor([[0, 0], [3, 4]])).tolist() == [5.0]
+    steps = consecutive_distances(torch.tensor([[0, 0], [3, 4]]))
+    assert steps.dtype == torch.float32 and steps.item() == pytest.approx(5.0, rel=2e-7)  # a float32 norm: 1 ulp
     with pytest.raises(ValueError, match="L >= 2"):
         consecutive_distances(torch.zeros(1, 4))
     with pytest.raises(ValueError, match="encodings"):
@@ -56,9 +57,12 @@ def test_sinusoidal_dot_product_keeps_shape_and_does_not_depend_on_chunk():
     offsets = torch.arange(-300, 300).view(3, 200)
     whole = sinusoidal_dot_product(offsets, 64)
     assert whole.shape == (3, 200)
-    assert torch.equal(whole, sinusoidal_dot_product(offsets, 64, chunk=1))
-    assert torch.equal(whole, sinusoidal_dot_product(offsets, 64, chunk=100))
-    assert torch.equal(whole[1, 100], torch.tensor(32.0, dtype=torch.float64))  # offset 0: d/2
+    # a sum of 32 cosines, each within an ulp (2.2e-16): two evaluations that split the work differently may
+    # take other vector/scalar paths, so they agree to 32 ulps of the largest possible sum (32), not bit for bit
+    tolerance = 32 * 32 * 2.3e-16
+    torch.testing.assert_close(whole, sinusoidal_dot_product(offsets, 64, chunk=1), atol=tolerance, rtol=0)
+    torch.testing.assert_close(whole, sinusoidal_dot_product(offsets, 64, chunk=100), atol=tolerance, rtol=0)
+    assert whole[1, 100].item() == pytest.approx(32.0, rel=0, abs=tolerance)  # offset 0: d/2
     assert torch.allclose(whole, sinusoidal_dot_product(-offsets, 64))  # even in the offset
     assert sinusoidal_dot_product(torch.arange(0), 8).shape == (0,)
 

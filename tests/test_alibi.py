@@ -9,6 +9,7 @@ import posenc
 def test_slopes_equal_bloom(n_heads):
     from transformers.models.bloom.modeling_bloom import _get_alibi_slopes
 
+    # exact by construction: the same float32 base raised with torch.pow to the same integer powers as BLOOM
     assert torch.equal(posenc.alibi_slopes(n_heads), _get_alibi_slopes(n_heads, torch.device("cpu")))
 
 
@@ -17,7 +18,7 @@ def test_slopes_follow_the_paper_for_powers_of_two():
     assert torch.allclose(slopes, torch.tensor([2.0 ** (-h) for h in range(1, 9)]))
     # 12 heads: the 8 slopes of the 8-head set, then every other slope of the 16-head set
     twelve = posenc.alibi_slopes(12)
-    assert torch.equal(twelve[:8], slopes)
+    assert torch.equal(twelve[:8], slopes)  # the same pow call on the same 8 exponents, bit for bit
     assert torch.allclose(twelve[8:], posenc.alibi_slopes(16)[0::2][:4])
 
 
@@ -38,6 +39,8 @@ def test_causal_bias_gives_bloom_attention(n_heads, length):
 
 
 def test_symmetric_and_offset_biases():
+    # exact by construction: distances are integers (exact in float32), and -m * |i - j| is one rounding of the
+    # same two numbers for (i, j) and (j, i), and for a cached query and the same query in the full sequence
     bias = posenc.alibi_bias(4, n_heads=2, causal=False)
     assert torch.equal(bias, bias.transpose(-1, -2)) and bool((bias <= 0).all())
     cached = posenc.alibi_bias(2, key_length=6, n_heads=2, offset=4)

@@ -61,27 +61,59 @@ def test_unrotated_pairs_contribute_a_constant():
     inv_freq, _ = posenc.rope_frequencies(16, {"rope_type": "proportional", "partial_rotary_factor": 0.5})
     q, k = torch.randn(2, 16, dtype=torch.float64)
     contributions = rope_analysis.pair_logit_contributions(q, k, torch.arange(-50, 50), inv_freq)
+    # exact by construction: frequency 0 gives the angle +-0 exactly, cos(0) = 1 and sin(0) = 0 exactly, and
+    # multiplying by 1 + 0i changes no bit, so the never-rotated pairs are the same numbers at every distance
     assert torch.equal(contributions[:, 4:], contributions[:1, 4:].expand(100, -1))
     assert contributions[:, :4].std(0).min() > 0
 
 
 def test_wrapped_angle_error():
     reference = torch.tensor([0.0, 1.0, 3.0, -3.0], dtype=torch.float64)
+    # 7 turns: the float64 value of 2 pi is off by 2.4e-16 per turn, plus the rounding of reference + 14 pi
     assert torch.allclose(rope_analysis.wrapped_angle_error(reference + 2 * math.pi * 7, reference),
-                          torch.zeros(4, dtype=torch.float64), atol=1e-12)
+                          torch.zeros(4, dtype=torch.float64), atol=1e-14, rtol=0)
     errors = rope_analysis.wrapped_angle_error(torch.tensor([3.0]), torch.tensor([-3.0]))
-    assert errors.item() == pytest.approx(2 * math.pi - 6)
+    assert errors.item() == pytest.approx(2 * math.pi - 6, rel=1e-15)
     assert float(rope_analysis.wrapped_angle_error(torch.randn(100) * 50, torch.randn(100)).max()) <= math.pi
+
+
+@settings(max_examples=60, deadline=None)
+@given(reference=st.floats(-1e4, 1e4), error=st.floats(-math.pi, math.pi), seed=st.integers(0, 2**16))
+def test_small_angle_errors_keep_all_their_digits(reference, error, seed):
+    # an error within (-pi, pi] comes back as |fl(angle - reference)| itself, bit for bit: fmod of a number below
+    # 2 pi returns it unchanged, and nothing else rounds (shifting by pi and back would keep ~4e-16 absolute only)
+    angle = reference + error * 10.0 ** -torch.randint(0, 15, (), generator=torch.Generator().manual_seed(seed)).item()
+    a, r = torch.tensor([angle], dtype=torch.float64), torch.tensor([reference], dtype=torch.float64)
+    assert torch.equal(rope_analysis.wrapped_angle_error(a, r), (a - r).abs())
+
+
+@settings(max_examples=60, deadline=None)
+@given(angle=st.floats(-1e6, 1e6), reference=st.floats(-1e6, 1e6))
+def test_wrapped_angle_error_against_mpmath(angle, reference):
+    import mpmath
+
+    with mpmath.workdps(60):
+        difference = abs(mpmath.mpf(angle) - mpmath.mpf(reference))  # exact: 60 digits hold both inputs
+        turn = 2 * mpmath.pi
+        exact = float(min(mpmath.fmod(difference, turn), turn - mpmath.fmod(difference, turn)))
+    found = rope_analysis.wrapped_angle_error(torch.tensor([angle], dtype=torch.float64),
+                                              torch.tensor([reference], dtype=torch.float64)).item()
+    # two roundings: the difference (half an ulp of |angle - reference| <= 2e6), and 2 pi in float64
+    # (2.45e-16 per turn, at most 2e6 / 2 pi turns); the result itself is exact given those
+    turns = abs(angle - reference) / (2 * math.pi)
+    assert abs(found - exact) <= math.ulp(abs(angle - reference)) + 2.5e-16 * (turns + 1)
 
 
 def test_offset_spread_is_zero_exactly_for_functions_of_the_offset():
     positions = torch.arange(12)
     toeplitz = torch.cos(0.3 * (positions[:, None] - positions[None, :]).double())
-    assert rope_analysis.max_offset_spread(toeplitz, positions, positions) == 0.0
+    # equal offsets give the same cosine argument, bit for bit; the cosine itself may take a vectorised or a
+    # scalar path by the element's place in memory, which can differ by an ulp each (values <= 1: 2.2e-16)
+    assert rope_analysis.max_offset_spread(toeplitz, positions, positions) <= 4.5e-16
     absolute = toeplitz + 0.01 * positions[:, None].double()  # offset 0 appears at rows 0 .. 11
     assert rope_analysis.max_offset_spread(absolute, positions, positions) == pytest.approx(0.11, rel=1e-9)
     grid = posenc.nd_rope.grid_positions(3, 3)
-    assert rope_analysis.max_offset_spread(torch.zeros(9, 9), grid, grid) == 0.0
+    assert rope_analysis.max_offset_spread(torch.zeros(9, 9), grid, grid) == 0.0  # 0 - 0: no rounding at all
     with pytest.raises(ValueError, match="scores"):
         rope_analysis.max_offset_spread(torch.zeros(3, 4), positions[:3], positions[:3])
 

@@ -1,16 +1,19 @@
 """posenc.rope_frequencies against transformers' own tables, bit for bit, and its errors."""
+import re
+
 import pytest
 import torch
 from reference_rope import HEAD_DIM, MAX_POSITIONS, ROPE_CASES, llama_rotary, rope_parameters
 
 import posenc
-from posenc.rope_frequencies import ROPE_FREQUENCY_FUNCTIONS
+from posenc.rope_frequencies import ROPE_FREQUENCY_FUNCTIONS, ROPE_TYPES
 
 
 @pytest.mark.parametrize("case", sorted(ROPE_CASES))
 def test_frequencies_equal_transformers(case):
     reference = llama_rotary(case)
     inv_freq, attention_factor = posenc.rope_frequencies(HEAD_DIM, rope_parameters(case), MAX_POSITIONS)
+    # exact by construction, and the promise: the same float32 operations in the same order as transformers
     assert inv_freq.dtype == torch.float32
     assert torch.equal(inv_freq, reference.inv_freq)
     assert attention_factor == reference.attention_scaling
@@ -64,15 +67,131 @@ def test_unknown_rope_type_lists_the_known_ones():
         assert name in str(error.value)
 
 
-@pytest.mark.parametrize("rope_type, missing", [("linear", "factor"), ("dynamic", "factor"), ("yarn", "factor"),
-                                                ("llama3", "low_freq_factor"), ("llama3", "high_freq_factor"),
-                                                ("longrope", "short_factor"), ("longrope", "long_factor")])
-def test_missing_required_parameter_is_named(rope_type, missing):
-    params = {"factor": 2.0, "low_freq_factor": 1.0, "high_freq_factor": 4.0,
-              "short_factor": [1.0] * 32, "long_factor": [2.0] * 32, "rope_type": rope_type}
-    del params[missing]
-    with pytest.raises(ValueError, match=missing):
-        posenc.rope_frequencies(HEAD_DIM, params)
+MINIMAL = {"default": {}, "linear": {"factor": 2.0}, "dynamic": {"factor": 2.0}, "yarn": {"factor": 2.0},
+           "longrope": {"short_factor": [1.0] * 32, "long_factor": [2.0] * 32},
+           "llama3": {"factor": 8.0, "low_freq_factor": 1.0, "high_freq_factor": 4.0}, "proportional": {}}
+
+
+def test_the_table_covers_the_registry_and_minimal_parameters_work():
+    assert set(MINIMAL) == set(ROPE_TYPES) == set(ROPE_FREQUENCY_FUNCTIONS)
+    for rope_type, spec in ROPE_TYPES.items():
+        assert set(MINIMAL[rope_type]) == set(spec.required)
+        inv_freq, _ = posenc.rope_frequencies(HEAD_DIM, {"rope_type": rope_type, **MINIMAL[rope_type]})
+        assert inv_freq.shape == (HEAD_DIM // 2,)
+    assert {name for name, spec in ROPE_TYPES.items() if spec.uses_seq_len} == {"dynamic", "longrope"}
+
+
+@pytest.mark.parametrize("rope_type", sorted(ROPE_TYPES))
+def test_key_sets_are_transformers_own(rope_type):
+    # transformers' validation must accept every key posenc accepts without a word, and posenc must accept
+    # every key transformers does (it fills in rope_theta and original_max_position_embeddings itself)
+    import logging
+
+    from transformers import LlamaConfig
+
+    spec = ROPE_TYPES[rope_type]
+    params = {"rope_type": rope_type, "rope_theta": 10000.0, **MINIMAL[rope_type]}
+    config = LlamaConfig(hidden_size=HEAD_DIM * 4, num_attention_heads=4, max_position_embeddings=1024,
+                         rope_parameters=dict(params))
+
+    def unrecognized(rope_parameters):
+        seen = []
+        handler = logging.Handler()
+        handler.emit = lambda record: seen.append(record.getMessage())
+        logger = logging.getLogger("transformers.modeling_rope_utils")
+        logger.addHandler(handler)
+        try:
+            config.rope_parameters = dict(rope_parameters)
+            config.validate_rope()
+        finally:
+            logger.removeHandler(handler)
+        return [message for message in seen if "Unrecognized keys" in message]
+
+    everything = {**params, **{key: SAMPLE_VALUES[key] for key in spec.optional + ("partial_rotary_factor",)}}
+    assert unrecognized(everything) == []
+    assert "not_a_key" in " ".join(unrecognized({**everything, "not_a_key": 1.0}))  # the check can see one
+    posenc.rope_frequencies(HEAD_DIM, everything, 1024)
+    with pytest.raises(ValueError, match="not_a_key"):
+        posenc.rope_frequencies(HEAD_DIM, {**everything, "not_a_key": 1.0}, 1024)
+
+
+SAMPLE_VALUES = {"partial_rotary_factor": 1.0, "original_max_position_embeddings": 256, "attention_factor": 1.0,
+                 "beta_fast": 32, "beta_slow": 1, "mscale": 1.0, "mscale_all_dim": 1.0, "truncate": True,
+                 "factor": 4.0}
+
+
+def test_a_key_the_rope_type_ignores_is_an_error():
+    # the issue's case: "default" would return unscaled frequencies and drop the factor
+    with pytest.raises(ValueError, match=r"'factor'.*rope_type='default' does not use") as error:
+        posenc.rope_frequencies(64, {"rope_type": "default", "factor": 4.0})
+    message = str(error.value)
+    assert "partial_rotary_factor, rope_theta, rope_type" in message  # the valid keys of "default"
+    assert "'linear'" in message and "'yarn'" in message  # and where 'factor' would belong
+
+
+def test_a_misspelled_key_names_the_closest_valid_one():
+    params = {"rope_type": "llama3", "factor": 8.0, "low_freq_factor": 1.0, "high_freq_factor": 4.0,
+              "orignal_max_position_embeddings": 8192}
+    with pytest.raises(ValueError, match="'orignal_max_position_embeddings'") as error:
+        posenc.rope_frequencies(128, params, 131072)
+    message = str(error.value)
+    assert "did you mean 'original_max_position_embeddings'?" in message
+    for key in ROPE_TYPES["llama3"].keys():
+        assert key in message
+
+
+def test_unknown_rope_type_names_the_closest():
+    with pytest.raises(ValueError, match="did you mean 'llama3'"):
+        posenc.rope_frequencies(HEAD_DIM, {"rope_type": "lama3"})
+
+
+@pytest.mark.parametrize("case", sorted(ROPE_CASES))
+def test_the_legacy_key_type_is_read_as_rope_type(case):
+    params = rope_parameters(case)
+    legacy = {"type" if key == "rope_type" else key: value for key, value in params.items()}
+    new, _ = posenc.rope_frequencies(HEAD_DIM, params, MAX_POSITIONS)
+    old, _ = posenc.rope_frequencies(HEAD_DIM, legacy, MAX_POSITIONS)
+    assert torch.equal(new, old)  # one code path: the same numbers
+    posenc.rope_frequencies(HEAD_DIM, {**params, "type": params["rope_type"]}, MAX_POSITIONS)  # both, agreeing
+    with pytest.raises(ValueError, match="'type'"):
+        posenc.rope_frequencies(HEAD_DIM, {**params, "type": "spiral"}, MAX_POSITIONS)
+
+
+@pytest.mark.parametrize("rope_type", [name for name in sorted(ROPE_TYPES) if ROPE_TYPES[name].required])
+def test_missing_required_parameter_is_named(rope_type):
+    for missing in ROPE_TYPES[rope_type].required:
+        for params in ({k: v for k, v in MINIMAL[rope_type].items() if k != missing},
+                       {**MINIMAL[rope_type], missing: None}):
+            with pytest.raises(ValueError, match=rf"\['{missing}'\] is required for rope_type='{rope_type}'"):
+                posenc.rope_frequencies(HEAD_DIM, {"rope_type": rope_type, **params})
+
+
+@pytest.mark.parametrize("rope_type, key, value, expected", [
+    ("linear", "factor", 0.5, ">= 1"),  # transformers warns: factor must be >= 1
+    ("linear", "factor", "2", ">= 1"),
+    ("yarn", "beta_fast", "32", "a number"),
+    ("yarn", "truncate", None, "True or False"),
+    ("yarn", "attention_factor", -1.0, ">= 0"),
+    ("yarn", "original_max_position_embeddings", 256.5, "an int"),
+    ("llama3", "high_freq_factor", 0.5, "greater than 'low_freq_factor'"),
+    ("yarn", "beta_slow", 64, "'beta_fast'"),
+    ("longrope", "short_factor", "1.0", "a list of numbers"),
+    ("default", "rope_theta", 1.0, "> 1"),
+    ("default", "partial_rotary_factor", 1.5, r"\(0, 1\]"),
+])
+def test_values_transformers_warns_about_are_errors(rope_type, key, value, expected):
+    with pytest.raises(ValueError, match=key) as error:
+        posenc.rope_frequencies(HEAD_DIM, {"rope_type": rope_type, **MINIMAL[rope_type], key: value})
+    assert re.search(expected, str(error.value)), str(error.value)
+
+
+def test_optional_keys_may_be_none_as_in_transformers():
+    inv_freq, factor = posenc.rope_frequencies(HEAD_DIM, {"rope_type": "yarn", "factor": 4.0, "beta_fast": None,
+                                                          "beta_slow": None, "attention_factor": None,
+                                                          "original_max_position_embeddings": 256}, 1024)
+    expected = posenc.rope_frequencies(HEAD_DIM, {"rope_type": "yarn", "factor": 4.0,
+                                                  "original_max_position_embeddings": 256}, 1024)
+    assert torch.equal(inv_freq, expected[0]) and factor == expected[1]
 
 
 @pytest.mark.parametrize("head_dim", [7, 0, 63])
