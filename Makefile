@@ -10,7 +10,7 @@ export HF_HUB_OFFLINE := 1
 export TRANSFORMERS_OFFLINE := 1
 export PYTHONHASHSEED := 0
 
-.PHONY: book test unit notebooks html browser serve bench colab-check clean venv
+.PHONY: book test unit unit-portable notebooks html browser serve bench colab-check clean venv
 
 venv: $(STAMP)
 
@@ -34,7 +34,14 @@ test: $(STAMP)
 unit: $(STAMP)
 	$(PY) -m pytest tests --ignore=tests/browser -m "not notebooks"
 
-## make browser: the built book (make book first) in Debian's Chromium, offline; screenshots in _build/screenshots
+## make unit-portable: the library tests again on other arithmetic paths than this CPU's fastest: torch's
+## non-vectorised kernels, one thread, MKL's SSE4.2 code (a test that holds only on one CPU fails here)
+PORTABLE_ENV := ATEN_CPU_CAPABILITY=default OMP_NUM_THREADS=1 MKL_ENABLE_INSTRUCTIONS=SSE4_2
+unit-portable: $(STAMP)
+	$(PORTABLE_ENV) $(PY) -m pytest tests --ignore=tests/browser -m "not notebooks" -p no:cacheprovider
+
+## make browser: the built book (make book first) in Chromium, offline; screenshots in _build/screenshots
+## (POSENC_CHROMIUM if set, else Debian's /usr/bin/chromium, else Playwright's own: ensure_chromium.py says which)
 browser: $(STAMP)
 	$(PY) book/tools/ensure_chromium.py
 	$(PY) -m pytest tests/browser

@@ -2,7 +2,8 @@
 
 The notebooks are executed once, by run_notebooks.py (in parallel, failures named by notebook and cell);
 this script stages the executed copies beside _config.yml, _toc.yml and book/, turns build-time execution
-off in the staged config only, and builds into _build/html. Then it makes the site work offline.
+off in the staged config only, and builds into _build/html (MathJax included, from the PyPI package
+sphinx-mathjax-offline). Then make_offline.py checks that the site loads nothing from the network.
 """
 from __future__ import annotations
 

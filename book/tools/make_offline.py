@@ -1,28 +1,23 @@
-"""Make the built book (_build/html) work with no network, then prove it does not reach out.
+"""Check that the built book (_build/html) works with no network: every resource it loads is local.
 
-1. MathJax: the pinned npm package ``mathjax@MATHJAX_VERSION`` is fetched once with ``npm pack`` into
-   _build/cache (its sha512 checked against the pinned one) and its ``es5/`` bundle, fonts and on-demand
-   extensions included, is copied to ``_build/html/_static/mathjax``. _config.yml points Sphinx there with
-   ``mathjax_path: mathjax/tex-mml-chtml.js`` (relative paths are relative to ``_static``).
+1. MathJax: the PyPI package ``sphinx-mathjax-offline`` (a Sphinx extension listed in _config.yml, installed by
+   requirements.txt) copies MathJax 3.2.2's ``es5`` bundle, fonts and on-demand extensions included, into
+   ``_build/html/_static/mathjax`` when the build finishes. _config.yml points Sphinx there with
+   ``mathjax_path: mathjax/tex-mml-chtml.js`` (relative paths are relative to ``_static``). This script checks
+   the bundle is there and is the version expected.
 2. Audit: every HTML page and CSS file is scanned for resources a browser would load by itself (scripts,
    style sheets, preloads, images, frames, media, CSS ``url()`` and ``@import``). Any remote one, or a
    local one whose file is missing, fails the build with the page and the URL. Links a reader clicks
    (Colab, GitHub) are not loads and stay. What scripts load at run time (MathJax's fonts and extensions)
    is checked in the browser tests, which abort and report any request that leaves localhost.
 
-Run by build_html.py after ``jupyter-book build``; ``make_offline.py --audit-only`` skips step 1.
+Run by build_html.py after ``jupyter-book build``.
 """
 from __future__ import annotations
 
 import argparse
-import base64
-import hashlib
-import os
 import re
-import shutil
-import subprocess
 import sys
-import tarfile
 from html.parser import HTMLParser
 from pathlib import Path
 from urllib.parse import unquote, urljoin, urlsplit
@@ -33,9 +28,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 from book_files import ROOT  # noqa: E402
 
 HTML_DIR = ROOT / "_build" / "html"
-CACHE_DIR = ROOT / "_build" / "cache"
-MATHJAX_VERSION = "3.2.2"
-MATHJAX_INTEGRITY = "sha512-Bt+SSVU8eBG27zChVewOicYs7Xsdt40qm4+UpHyX7k0/O9NliPc+x77k1/FEsPsjKPZGJvtRZM1vO+geW0OhGw=="
+MATHJAX_VERSION = "3.2.2"  # what sphinx-mathjax-offline 0.0.2 ships
+MATHJAX_EXTENSION = "sphinx-mathjax-offline"  # its module name, as listed in _config.yml
 MATHJAX_PATH = "mathjax/tex-mml-chtml.js"  # relative to _static; must equal sphinx.config.mathjax_path
 
 # <tag attribute> pairs whose URL the browser fetches without a click
@@ -49,62 +43,21 @@ LOADING_LINK_RELS = {"stylesheet", "preload", "modulepreload", "prefetch", "icon
 CSS_URL = re.compile(r"""url\(\s*['"]?([^'")]+)['"]?\s*\)|@import\s+['"]([^'"]+)['"]""")
 
 
-def ensure_npm() -> str:
-    """Path of npm; installs Debian's npm when it is missing and we may (root)."""
-    npm = shutil.which("npm")
-    if npm:
-        return npm
-    if hasattr(os, "geteuid") and os.geteuid() == 0 and shutil.which("apt-get"):
-        env = {**os.environ, "DEBIAN_FRONTEND": "noninteractive"}
-        subprocess.run(["apt-get", "update"], check=True, env=env)
-        subprocess.run(["apt-get", "install", "-y", "--no-install-recommends", "npm"], check=True, env=env)
-        npm = shutil.which("npm")
-    if not npm:
-        raise SystemExit("make_offline: npm is needed to fetch MathJax (apt-get install npm)")
-    return npm
+def check_mathjax_bundle(html_dir: Path = HTML_DIR) -> list[str]:
+    """Problems with the MathJax copied into ``<html_dir>/_static/mathjax`` by sphinx-mathjax-offline."""
+    entry = html_dir / "_static" / MATHJAX_PATH
+    if not entry.is_file():
+        return [f"_static/{MATHJAX_PATH} is missing: is {MATHJAX_EXTENSION} installed (pip install -r "
+                f"requirements.txt) and listed in _config.yml under sphinx.extra_extensions?"]
+    if f'"{MATHJAX_VERSION}"' not in entry.read_text(encoding="utf-8", errors="replace"):
+        return [f"_static/{MATHJAX_PATH} is not MathJax {MATHJAX_VERSION}"]
+    fonts = html_dir / "_static" / "mathjax" / "output" / "chtml" / "fonts" / "woff-v2"
+    return [] if any(fonts.glob("*.woff")) else [f"{fonts.relative_to(html_dir)} has no fonts"]
 
 
-def integrity_of(path: Path) -> str:
-    return "sha512-" + base64.b64encode(hashlib.sha512(path.read_bytes()).digest()).decode("ascii")
-
-
-def mathjax_tarball() -> Path:
-    """The pinned MathJax npm tarball in _build/cache, fetched with ``npm pack`` when absent."""
-    tarball = CACHE_DIR / f"mathjax-{MATHJAX_VERSION}.tgz"
-    if tarball.exists() and integrity_of(tarball) == MATHJAX_INTEGRITY:
-        return tarball
-    CACHE_DIR.mkdir(parents=True, exist_ok=True)
-    tarball.unlink(missing_ok=True)
-    subprocess.run([ensure_npm(), "pack", f"mathjax@{MATHJAX_VERSION}", "--pack-destination", str(CACHE_DIR),
-                    "--silent"], check=True, stdout=subprocess.DEVNULL)
-    found = integrity_of(tarball)
-    if found != MATHJAX_INTEGRITY:
-        tarball.unlink()
-        raise SystemExit(f"make_offline: mathjax-{MATHJAX_VERSION}.tgz has integrity {found}, "
-                         f"expected {MATHJAX_INTEGRITY}")
-    return tarball
-
-
-def install_mathjax(html_dir: Path = HTML_DIR) -> Path:
-    """Copy MathJax's es5 bundle into ``<html_dir>/_static/mathjax``; return that folder."""
-    target = html_dir / "_static" / "mathjax"
-    if target.exists():
-        shutil.rmtree(target)
-    prefix = "package/es5/"
-    with tarfile.open(mathjax_tarball()) as archive:
-        for member in archive.getmembers():
-            if not member.isfile() or not member.name.startswith(prefix):
-                continue
-            relative = Path(member.name[len(prefix):])
-            if relative.is_absolute() or ".." in relative.parts:
-                raise SystemExit(f"make_offline: unsafe path in the MathJax tarball: {member.name}")
-            destination = target / relative
-            destination.parent.mkdir(parents=True, exist_ok=True)
-            with archive.extractfile(member) as source, open(destination, "wb") as out:
-                shutil.copyfileobj(source, out)
-    if not (target / "tex-mml-chtml.js").exists():
-        raise SystemExit("make_offline: the MathJax tarball has no es5/tex-mml-chtml.js")
-    return target
+def configured_extensions(root: Path = ROOT) -> list[str]:
+    config = yaml.safe_load((root / "_config.yml").read_text())
+    return list((config.get("sphinx") or {}).get("extra_extensions") or [])
 
 
 def configured_mathjax_path(root: Path = ROOT) -> str | None:
@@ -204,23 +157,20 @@ def check_mathjax_pages(html_dir: Path = HTML_DIR) -> list[str]:
 def main(argv=None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--html-dir", type=Path, default=HTML_DIR)
-    parser.add_argument("--audit-only", action="store_true", help="check, do not install MathJax")
     args = parser.parse_args(argv)
     if not (args.html_dir / "index.html").exists():
         raise SystemExit(f"make_offline: no built book in {args.html_dir}")
     if configured_mathjax_path() != MATHJAX_PATH:
         raise SystemExit(f"make_offline: _config.yml must set sphinx.config.mathjax_path: {MATHJAX_PATH} "
                          f"(found {configured_mathjax_path()!r})")
-    if not args.audit_only:
-        target = install_mathjax(args.html_dir)
-        size = sum(p.stat().st_size for p in target.rglob("*") if p.is_file())
-        print(f"make_offline: MathJax {MATHJAX_VERSION} in {target.relative_to(ROOT)} ({size / 1e6:.1f} MB)")
-    failures = audit(args.html_dir) + check_mathjax_pages(args.html_dir)
+    if MATHJAX_EXTENSION not in configured_extensions():
+        raise SystemExit(f"make_offline: _config.yml must list {MATHJAX_EXTENSION} in sphinx.extra_extensions")
+    failures = check_mathjax_bundle(args.html_dir) + audit(args.html_dir) + check_mathjax_pages(args.html_dir)
     if failures:
         print("make_offline: the book would not work offline:", *failures, sep="\n  ", file=sys.stderr)
         return 1
     pages = len(site_pages(args.html_dir))
-    print(f"make_offline: {pages} pages checked, every resource they load is local")
+    print(f"make_offline: MathJax {MATHJAX_VERSION} bundled; {pages} pages checked, every resource they load is local")
     return 0
 
 

@@ -16,7 +16,6 @@ from book_files import toc_entries  # noqa: E402
 HTML_DIR = Path(os.environ.get("POSENC_HTML_DIR", ROOT / "_build" / "html"))  # the built book under test
 SCREENSHOT_DIR = ROOT / "_build" / "screenshots"
 WEIGHTS_FILE = ROOT / "_build" / "page-weights.txt"
-CHROMIUM = os.environ.get("POSENC_CHROMIUM", "/usr/bin/chromium")
 CHROMIUM_ARGS = ["--no-sandbox", "--disable-gpu", "--disable-background-networking", "--disable-component-update",
                  "--disable-sync", "--no-first-run"]
 LOCAL_HOSTS = {"127.0.0.1", "localhost", "[::1]", "::1"}

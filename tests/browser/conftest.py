@@ -1,22 +1,23 @@
-"""Browser tests of the built book: _build/html served on 127.0.0.1, driven by Debian's Chromium via Playwright.
+"""Browser tests of the built book: _build/html served on 127.0.0.1, driven by Chromium via Playwright.
 
-Build first (``make book``); ``book/tools/ensure_chromium.py`` installs the browser. Every request that would
-leave localhost is aborted and recorded, so a test fails instead of reaching the network.
+Build first (``make book``). The browser is POSENC_CHROMIUM if set, else Debian's Chromium where installed, else
+Playwright's own (``book/tools/ensure_chromium.py`` says which, and gets one when there is none). Every request
+that would leave localhost is aborted and recorded, so a test fails instead of reaching the network.
 """
 from __future__ import annotations
 
 import functools
 import http.server
-import os
 import threading
 from pathlib import Path
 
 import pytest
 
-from browser_support import (CHROMIUM, CHROMIUM_ARGS, DESKTOP, HTML_DIR, MB, WEIGHT_LIMIT, WEIGHT_TARGET,
+from browser_support import (CHROMIUM_ARGS, DESKTOP, HTML_DIR, MB, WEIGHT_LIMIT, WEIGHT_TARGET,
                              WEIGHTS_FILE, Traffic, watch)
 
 weights_key = pytest.StashKey[dict]()
+browser_key = pytest.StashKey[str]()
 
 
 class _QuietHandler(http.server.SimpleHTTPRequestHandler):
@@ -43,13 +44,17 @@ def base_url(site):
 
 
 @pytest.fixture(scope="session")
-def browser():
+def browser(request):
+    from ensure_chromium import find_chromium  # book/tools is on sys.path (browser_support puts it there)
     from playwright.sync_api import sync_playwright
 
-    if not os.path.exists(CHROMIUM):
-        pytest.fail(f"{CHROMIUM} is missing: run book/tools/ensure_chromium.py (make browser does)")
+    try:
+        executable, description = find_chromium()
+    except FileNotFoundError as error:
+        pytest.fail(f"{error} (book/tools/ensure_chromium.py gets one; make browser runs it)")
+    request.config.stash[browser_key] = description
     with sync_playwright() as playwright:
-        browser = playwright.chromium.launch(executable_path=CHROMIUM, args=CHROMIUM_ARGS)
+        browser = playwright.chromium.launch(executable_path=executable, args=CHROMIUM_ARGS)
         yield browser
         browser.close()
 
@@ -80,6 +85,8 @@ def page_weights(request) -> dict:
 
 
 def pytest_terminal_summary(terminalreporter, exitstatus, config):
+    if browser_key in config.stash:
+        terminalreporter.write_line(f"browser: {config.stash[browser_key]}")
     weights = config.stash.get(weights_key, {})
     if not weights:
         return
