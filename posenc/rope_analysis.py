@@ -94,7 +94,9 @@ def max_offset_spread(scores: torch.Tensor, q_positions, k_positions) -> float:
     """How far ``scores`` are from relative: the largest ``max - min`` among scores that share one offset.
 
     ``scores``: ``(Lq, Lk)``; positions ``(Lq,)``/``(Lk,)`` or ``(Lq, n_axes)``/``(Lk, n_axes)``. A score that is a
-    function of ``q_position - k_position`` alone gives 0 (up to round-off).
+    function of ``q_position - k_position`` alone gives 0 (up to round-off). Offsets are grouped by exact
+    equality of their float64 values, so positions should be integers (or values whose differences are exact,
+    such as multiples of a power of two); ``0.3 - 0.1`` and ``0.4 - 0.2`` would count as two offsets.
     """
     require_tensor("scores", scores)
     q_positions = _as_float64("q_positions", q_positions, scores.device)

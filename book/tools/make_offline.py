@@ -3,7 +3,8 @@
 1. MathJax: the PyPI package ``sphinx-mathjax-offline`` (a Sphinx extension listed in _config.yml, installed by
    requirements.txt) copies MathJax 3.2.2's ``es5`` bundle, fonts and on-demand extensions included, into
    ``_build/html/_static/mathjax`` when the build finishes. _config.yml points Sphinx there with
-   ``mathjax_path: mathjax/tex-mml-chtml.js`` (relative paths are relative to ``_static``). This script checks
+   ``mathjax_path: mathjax/tex-chtml.js`` (relative to ``_static``; the extension sets it, and _config.yml
+   says the same so that no reader is misled). This script checks
    the bundle is there and is the version expected.
 2. Audit: every HTML page and CSS file is scanned for resources a browser would load by itself (scripts,
    style sheets, preloads, images, frames, media, CSS ``url()`` and ``@import``). Any remote one, or a
@@ -30,7 +31,7 @@ from book_files import ROOT  # noqa: E402
 HTML_DIR = ROOT / "_build" / "html"
 MATHJAX_VERSION = "3.2.2"  # what sphinx-mathjax-offline 0.0.2 ships
 MATHJAX_EXTENSION = "sphinx-mathjax-offline"  # its module name, as listed in _config.yml
-MATHJAX_PATH = "mathjax/tex-mml-chtml.js"  # relative to _static; must equal sphinx.config.mathjax_path
+MATHJAX_PATH = "mathjax/tex-chtml.js"  # relative to _static; what sphinx-mathjax-offline sets (TeX in, HTML out)
 
 # <tag attribute> pairs whose URL the browser fetches without a click
 LOADING_ATTRIBUTES = {
