@@ -226,7 +226,8 @@ ROPE_FREQUENCY_FUNCTIONS: dict[str, RopeFrequencyFn] = {name: spec.function for 
 
 
 def _is_number(value) -> bool:
-    return not isinstance(value, bool) and isinstance(value, (int, float)) and math.isfinite(value)
+    # finite, written with comparisons rather than math.isfinite so that torch.compile can trace it
+    return not isinstance(value, bool) and isinstance(value, (int, float)) and -math.inf < value < math.inf
 
 
 # What each key must hold, as (test, what was expected). None is accepted for optional keys (transformers reads
