@@ -181,6 +181,7 @@ def proportional_frequencies(head_dim, rope_parameters, max_position_embeddings,
 
 RopeFrequencyFn = Callable[..., "tuple[torch.Tensor, float]"]
 
+
 @dataclass(frozen=True)
 class RopeType:
     """What one ``rope_type`` reads from ``rope_parameters``.
@@ -207,7 +208,7 @@ COMMON_KEYS = ("rope_theta", "partial_rotary_factor")
 # longrope, llama3), but fills both in from the model config before it checks; posenc fills them in from
 # DEFAULT_THETA and the max_position_embeddings argument, so here they are optional.
 ROPE_TYPES: dict[str, RopeType] = {
-    #               function                  required keys                                  optional keys                              seq_len
+    # rope_type: RopeType(function, required keys, optional keys, whether the table depends on seq_len)
     "default": RopeType(default_frequencies, (), (), False),
     "linear": RopeType(linear_frequencies, ("factor",), (), False),
     "dynamic": RopeType(dynamic_frequencies, ("factor",), (), True),
@@ -234,7 +235,7 @@ def _is_number(value) -> bool:
 # a None the same as a missing key for these), except where the table reads None differently from absent.
 _VALUE_RULES: dict[str, tuple[Callable[[object], bool], str]] = {
     "rope_theta": (lambda v: _is_number(v) and v > 1, "a number > 1"),
-    "partial_rotary_factor": (lambda v: _is_number(v) and 0 < v <= 1, "a number in (0, 1]"),
+    "partial_rotary_factor": (lambda v: _is_number(v) and 0 <= v <= 1, "a number in [0, 1]"),
     "factor": (lambda v: _is_number(v) and v >= 1, "a number >= 1"),
     "low_freq_factor": (lambda v: _is_number(v) and v > 0, "a number > 0"),
     "high_freq_factor": (lambda v: _is_number(v) and v > 0, "a number > 0"),

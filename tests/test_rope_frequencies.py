@@ -177,7 +177,7 @@ def test_missing_required_parameter_is_named(rope_type):
     ("yarn", "beta_slow", 64, "'beta_fast'"),
     ("longrope", "short_factor", "1.0", "a list of numbers"),
     ("default", "rope_theta", 1.0, "> 1"),
-    ("default", "partial_rotary_factor", 1.5, r"\(0, 1\]"),
+    ("default", "partial_rotary_factor", 1.5, r"\[0, 1\]"),
 ])
 def test_values_transformers_warns_about_are_errors(rope_type, key, value, expected):
     with pytest.raises(ValueError, match=key) as error:
