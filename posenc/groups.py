@@ -6,17 +6,21 @@ attention plug-ins (:class:`GroupEncoding`, :class:`MultiGroupEncoding`) live in
 are re-exported here, so ``from posenc.groups import GroupEncoding, rope_generator`` works. Convention:
 ``F(t) = exp(tX)`` for queries, ``G(s) = F(s)^{-T}`` for keys, logit ``q^T exp((t - s) X^T) k``.
 
-========================  ======================================  ==========================================
-block of ``X``            ``exp(tX)`` on the block                family
-========================  ======================================  ==========================================
-eigenvalue 0              1                                       ``none`` (NoPE)
-real ``u < 0``            ``e^{ut}``                              ``decay``
-real ``u > 0``            ``e^{ut}``                              ``growth`` (rejected: unbounded)
-pair ``+-i w``            rotation ``R(wt)``                      ``rotation`` (RoPE)
-pair ``u +- i w, u < 0``  ``e^{ut} R(wt)``                        ``damped rotation`` (xPos, RetNet)
-pair ``u +- i w, u > 0``  ``e^{ut} R(wt)``                        ``growth``
-Jordan size ``k >= 2``    ``e^{ut}`` x polynomial of degree k-1   ``jordan`` (exotic; ALiBi is ``u = 0, k = 2``)
-========================  ======================================  ==========================================
+================================  ======================================  ====================================
+block of ``X`` (Jordan size k)    ``exp(tX)`` on the block                family
+================================  ======================================  ====================================
+eigenvalue 0, k = 1               1                                       ``none`` (NoPE)
+real ``u < 0``, k = 1             ``e^{ut}``                              ``decay``
+real ``u > 0``, any k             ``e^{ut}`` (times a polynomial)         ``growth`` (rejected: unbounded)
+pair ``+-iw``, k = 1              rotation ``R(wt)``                      ``rotation`` (RoPE)
+pair ``u +- iw, u < 0``, k = 1    ``e^{ut} R(wt)``                        ``damped rotation`` (xPos, RetNet)
+pair ``u +- iw, u > 0``, any k    ``e^{ut} R(wt)`` (times a polynomial)   ``growth``
+real ``u <= 0``, k >= 2           ``e^{ut}`` x polynomial, degree k-1     ``real jordan`` (ALiBi: u = 0, k = 2)
+pair ``u +- iw, u <= 0``, k >= 2  ``e^{ut} R(wt)`` x polynomial           ``jordan`` (the exotic class)
+================================  ======================================  ====================================
+
+``real jordan`` with ``u = 0`` is unipotent (``exp(tX) = I + tN + ...``); ``jordan`` (complex Jordan blocks) is
+the class the Jane Street post calls exotic. The family name ``jordan`` is kept for the complex blocks only.
 
 Tolerance (``tol``, relative; default :func:`default_tolerance`: ``1e-11`` for float64 generators, ``1.2e-5`` for
 float32). Everything is computed in float64 (complex128), on the generator's device. Eigenvalues come from
@@ -104,7 +108,12 @@ def xpos_generator(head_dim: int, base: float = 10_000.0, scale_base: float = 51
     ``F(n) = exp(nX)`` is RoPE at ``n`` times ``zeta_j^(n/B)`` (the xPos query) and ``G(m) = F(m)^{-T}`` is RoPE at
     ``m`` times ``zeta_j^(-m/B)`` (the xPos key).
     """
-    damping = torch.log(xpos_scales(head_dim)) / require_positive_number("scale_base", scale_base)
+    require_int("head_dim", head_dim, minimum=2, even=True)
+    # ln(zeta_j) = log1p(-(D - 2j) / (1.4 D)): the last zeta_j lie close to 1, where log(zeta) would first round
+    # zeta to float64 and then amplify that error by 1 / |ln zeta| (about 2e-14 relative at D = 64); log1p does not
+    pairs = torch.arange(head_dim // 2, dtype=torch.float64)
+    damping = torch.log1p(-(head_dim - 2 * pairs) / (1.4 * head_dim)) / require_positive_number("scale_base",
+                                                                                                  scale_base)
     return _rotation_generator(head_dim, _rope_inv_freq(head_dim, base, device), damping, layout, dtype, device)
 
 
@@ -204,6 +213,76 @@ def alibi_vectors(slopes: torch.Tensor):
     return q_bar, k_bar
 
 
+# commuting skew generators: one maximal torus ---------------------------------------------------------------------
+#: Relative tolerance of :func:`common_torus`: a generator counts as skew-symmetric when ``||X + X^T|| <= tol ||X||``
+#: and the common basis is accepted when every ``Q^T X_i Q`` is block diagonal to ``tol ||X_i||``. The planes come from
+#: the eigenvectors of ``-Z^2`` for a random combination ``Z``; their round-off is about ``eps ||Z||^2 / gap`` (gap:
+#: the smallest distance between distinct ``w_j^2``), so 1e-8 accepts gaps down to about 1e-8 ||Z||^2 in float64.
+TORUS_TOL = 1e-8
+
+
+def common_torus(generators: torch.Tensor, tol: float = TORUS_TOL, seed: int = 0):
+    """One orthogonal basis that block-diagonalises commuting skew-symmetric generators ``(n, D, D)``.
+
+    Returns ``(basis (D, D), frequencies (n, P))``, float64, with ``P`` planes: ``X_i = Q B_i Q^T`` where ``B_i``
+    has ``frequencies[i, j] * [[0, -1], [1, 0]]`` on the plane of columns ``2j, 2j + 1`` of ``Q`` and zeros on the
+    remaining ``D - 2P`` columns (the common kernel). So ``exp(sum_i p_i X_i)`` turns plane ``j`` by the angle
+    ``<w_j, p>`` with ``w_j = frequencies[:, j]``: a linear functional of ``p`` per plane (the maximal-torus theorem).
+
+    Method: the planes of a generic combination ``Z = sum_i c_i X_i`` (random ``c``, ``seed``) are the 2-D
+    eigenspaces of the symmetric ``-Z^2 = Z^T Z``; each is ``span(v, Z v / |Z v|)``. ``ValueError`` if a generator is
+    not skew, the generators do not commute, or the result is not block diagonal within ``tol`` (two planes whose
+    frequencies under ``Z`` nearly coincide; try another ``seed``).
+    """
+    require_tensor("generators", generators)
+    if generators.ndim != 3 or generators.shape[-1] != generators.shape[-2]:
+        raise ValueError(f"generators must have shape (n, D, D), got shape {tuple(generators.shape)}")
+    x = torch.stack([check_generator(f"generators[{i}]", g) for i, g in enumerate(generators)]).to(torch.float64)
+    norms = torch.linalg.matrix_norm(x)
+    for i in range(x.shape[0]):
+        if torch.linalg.matrix_norm(x[i] + x[i].T) > tol * norms[i]:
+            raise ValueError(f"generators[{i}] must be skew-symmetric (X^T = -X within tol = {tol:g})")
+    check_commuting(x)
+    dim = x.shape[-1]
+    c = torch.rand(x.shape[0], dtype=torch.float64, generator=torch.Generator().manual_seed(seed)) + 0.5
+    z = torch.einsum("n,nij->ij", c / norms.clamp(min=torch.finfo(torch.float64).tiny), x)
+    squares, vectors = torch.linalg.eigh(z.T @ z)  # ascending w_j^2, each (ideally) twice
+    scale = squares[-1].clamp(min=torch.finfo(torch.float64).tiny)
+    columns, used = [], torch.zeros(dim, dtype=torch.bool)
+    for index in range(dim - 1, -1, -1):  # largest first; a plane is (v, Z v / |Z v|)
+        if used[index] or squares[index] <= tol * scale:
+            continue
+        v = vectors[:, index]
+        w = z @ v
+        w = w / torch.linalg.vector_norm(w)
+        # the partner eigenvector of the same w^2 is the one most aligned with w
+        partner = (vectors.T @ w).abs().masked_fill(used, -1.0)
+        partner[index] = -1.0
+        used[index] = used[int(partner.argmax())] = True
+        columns += [v, w]
+    planes = len(columns) // 2
+    kernel = vectors[:, squares <= tol * scale]
+    if planes and kernel.shape[1]:  # keep the kernel orthogonal to the planes (it is, up to round-off)
+        plane_basis = torch.stack(columns, dim=1)
+        kernel = kernel - plane_basis @ (plane_basis.T @ kernel)
+        kernel, _ = torch.linalg.qr(kernel)
+    basis = torch.cat(([torch.stack(columns, dim=1)] if columns else []) + [kernel], dim=1)
+    if basis.shape[1] != dim:
+        raise ValueError(f"could not split R^{dim} into planes and a kernel (found {basis.shape[1]} directions); "
+                         "try another seed")
+    blocks = basis.T @ x @ basis
+    first, second = torch.arange(0, 2 * planes, 2), torch.arange(1, 2 * planes, 2)
+    frequencies = (blocks[:, second, first] - blocks[:, first, second]) / 2
+    rebuilt = torch.zeros_like(blocks)
+    rebuilt[:, second, first], rebuilt[:, first, second] = frequencies, -frequencies
+    residual = torch.linalg.matrix_norm(blocks - rebuilt)
+    if bool((residual > tol * norms.clamp(min=torch.finfo(torch.float64).tiny)).any()):
+        raise ValueError(f"no common block-diagonal basis within tol = {tol:g} (residual "
+                         f"{(residual / norms).max().item():.1e}): two planes are too close under the random "
+                         "combination; try another seed")
+    return basis, frequencies
+
+
 # classification -------------------------------------------------------------------------------------------------
 #: Eigenvalues ``i, j`` are candidates for one (Jordan-split) eigenvalue when ``|l_i - l_j| <= LINK_SAFETY * eps *
 #: ||X|| * max(kappa_i, kappa_j)``: one lies within the round-off uncertainty of the other (``eps`` of the generator's
@@ -218,7 +297,9 @@ FAMILIES = {
     "growth": ("e^{ut} (R(wt)), u > 0: unbounded", "rejected as unstable"),
     "rotation": ("R(wt)", "RoPE"),
     "damped rotation": ("e^{ut} R(wt), u < 0", "xPos, RetNet"),
-    "jordan": ("e^{ut} (polynomial of degree k-1 in t)", "exotic; ALiBi (u = 0, k = 2)"),
+    "real jordan": ("e^{ut} x polynomial of degree k-1 in t, u <= 0 real (u = 0: unipotent)",
+                    "ALiBi (u = 0, k = 2)"),
+    "jordan": ("e^{ut} R(wt) x polynomial of degree k-1 in t, u <= 0, w > 0", "exotic (complex Jordan blocks)"),
 }
 
 
@@ -254,11 +335,16 @@ def default_tolerance(dtype: torch.dtype) -> float:
 
 
 def family_of(eigenvalue: complex, size: int) -> str:
-    """The family of a Jordan block whose (already rounded) eigenvalue is ``u + iw``."""
-    if size > 1:
-        return "jordan"
+    """The family of a Jordan block of Jordan size ``size`` whose (already rounded) eigenvalue is ``u + iw``.
+
+    ``u > 0`` is ``growth`` whatever the size (exponential growth beats any polynomial); a block of size ``>= 2``
+    is ``real jordan`` for a real eigenvalue (``w = 0``; ALiBi's unipotent block) and ``jordan`` for a complex pair
+    (the exotic class).
+    """
     if eigenvalue.real > 0:
         return "growth"
+    if size > 1:
+        return "jordan" if eigenvalue.imag else "real jordan"
     if eigenvalue.imag:
         return "damped rotation" if eigenvalue.real < 0 else "rotation"
     return "decay" if eigenvalue.real < 0 else "none"
@@ -419,9 +505,9 @@ def summarize(blocks: list[JordanBlock]) -> str:
 
 
 __all__ = [
-    "FAMILIES", "JordanBlock", "default_tolerance", "family_of", "classify_generator", "families", "summarize",
+    "FAMILIES", "TORUS_TOL", "JordanBlock", "default_tolerance", "family_of", "classify_generator", "families", "summarize",
     "COMMUTING_TOL", "GroupEncoding", "MultiGroupEncoding", "alibi_generator", "alibi_vectors", "check_commuting",
-    "check_generator", "check_times", "commutator", "damped_rope_generator", "decay_generator", "jordan_generator",
+    "check_generator", "check_times", "common_torus", "commutator", "damped_rope_generator", "decay_generator", "jordan_generator",
     "multi_parameter_group", "one_parameter_group", "relative_kernel", "retnet_decays", "rope_generator",
     "xpos_generator", "xpos_scales",
 ]

@@ -51,6 +51,8 @@ def test_group_law(a, b, seed):
 
 def test_identity_at_zero_and_shapes_and_dtype():
     x = random_generator()
+    # exact by construction: 0 * X is exactly the zero matrix, and every operation of exp (polynomial terms, scaling
+    # and squaring) on 0 and I is exact
     assert torch.equal(groups.one_parameter_group(x, 0.0), torch.eye(D, dtype=torch.float64))
     assert groups.one_parameter_group(x, torch.zeros(3, 4)).shape == (3, 4, D, D)
     assert groups.one_parameter_group(x.to(torch.bfloat16), 2).dtype == torch.float32  # float32 or better
@@ -117,8 +119,19 @@ def test_batched_positions_and_one_generator_per_head():
         for h in range(3):
             single = groups.GroupEncoding(heads[h])
             expected = logits(single, q[b, h], k[b, h], positions[b], positions[b])
-            assert torch.allclose(batched[b, h], expected, atol=1e-12)
-    assert torch.allclose(batched[0], batched[1], atol=1e-10)  # shifted rows, same offsets
+            # same maps, products grouped differently by einsum: a few ulp of |q| |k| ||F|| ||G|| per logit
+            bound = 64 * torch.finfo(torch.float64).eps * (q[b, h].norm(dim=-1).max() * k[b, h].norm(dim=-1).max()
+                                                           * size_of_maps(single, positions[b]))
+            assert (batched[b, h] - expected).abs().max() <= bound
+    # shifted rows, same offsets: equal in exact arithmetic; round-off of the maps at positions up to 15 (norms of
+    # F and G at most gamma^-15 < 1.7), relative to the largest logit
+    assert torch.allclose(batched[0], batched[1], rtol=0, atol=1e-12 * batched.abs().max().item())
+
+
+def size_of_maps(encoding, positions):
+    """max ||F(t)|| * max ||G(t)|| over ``positions`` (spectral norms): the scale of the round-off in a logit."""
+    return (torch.linalg.matrix_norm(encoding.query_maps(positions), ord=2).max()
+            * torch.linalg.matrix_norm(encoding.key_maps(positions), ord=2).max())
 
 
 def test_learnable_generator_gets_gradients_and_low_precision_inputs_keep_their_dtype():
@@ -168,7 +181,7 @@ def test_alibi_block_equals_alibi_bias_under_a_causal_mask():
         value = torch.tensor([1.0, 0.0], dtype=torch.float64) @ groups.one_parameter_group(n, a) @ torch.tensor(
             [0.0, -m], dtype=torch.float64)
         assert value.item() == pytest.approx(-m * a)
-    assert groups.classify_generator(n)[0].family == "jordan"
+    assert groups.classify_generator(n)[0].family == "real jordan"  # unipotent, not the exotic complex class
 
 
 def test_alibi_through_attention_with_augmented_heads():
@@ -280,14 +293,16 @@ KNOWN_STRUCTURES = {
     "rotation": (groups.rope_generator(6), [("rotation", 1, 1)] * 3),
     "damped rotation (xPos)": (groups.xpos_generator(6), [("damped rotation", 1, 1)] * 3),
     "damped rotation (RetNet)": (groups.damped_rope_generator(4, 0.9), [("damped rotation", 1, 1)] * 2),
-    "alibi": (groups.alibi_generator(), [("jordan", 2, 1)]),
-    "jordan real 3": (groups.jordan_generator(3, -0.2, 0.0, block=3), [("jordan", 3, 1)]),
-    "jordan unipotent 4": (groups.jordan_generator(4, 0.0, 0.0, block=4), [("jordan", 4, 1)]),
+    "alibi": (groups.alibi_generator(), [("real jordan", 2, 1)]),
+    "jordan real 3": (groups.jordan_generator(3, -0.2, 0.0, block=3), [("real jordan", 3, 1)]),
+    "jordan unipotent 4": (groups.jordan_generator(4, 0.0, 0.0, block=4), [("real jordan", 4, 1)]),
+    "jordan real growth": (groups.jordan_generator(4, 0.3, 0.0, block=2), [("growth", 2, 2)]),
+    "jordan complex growth": (groups.jordan_generator(4, 0.2, 0.8, block=2), [("growth", 2, 1)]),
     "jordan complex 2": (groups.jordan_generator(8, -0.05, 1.3, block=2), [("jordan", 2, 2)]),
     "jordan complex 3": (groups.jordan_generator(6, 0.0, 0.7, block=3), [("jordan", 3, 1)]),
     "mixed": (torch.block_diag(groups.jordan_generator(4, -0.1, 0.9), groups.alibi_generator(),
                                groups.decay_generator(2, 0.3), groups.rope_generator(4), torch.zeros(1, 1)),
-              [("none", 1, 1), ("decay", 1, 2), ("rotation", 1, 1), ("rotation", 1, 1), ("jordan", 2, 1),
+              [("none", 1, 1), ("decay", 1, 2), ("rotation", 1, 1), ("rotation", 1, 1), ("real jordan", 2, 1),
                ("jordan", 2, 1)]),
 }
 
@@ -323,7 +338,68 @@ def test_classification_eigenvalues_and_summary():
 def test_classification_tolerance_separates_a_tiny_frequency_from_alibi():
     generator = torch.block_diag(groups.rope_generator(128, dtype=torch.float64), groups.alibi_generator(torch.float64))
     found = groups.families(groups.classify_generator(generator))
-    assert found == {"rotation": 128, "jordan": 2}
+    assert found == {"rotation": 128, "real jordan": 2}
+
+
+def test_real_and_complex_jordan_blocks_are_different_families():
+    assert groups.family_of(0j, 2) == "real jordan" and groups.family_of(complex(-0.1, 0.0), 3) == "real jordan"
+    assert groups.family_of(complex(0.0, 0.5), 2) == "jordan" and groups.family_of(complex(-0.1, 0.5), 2) == "jordan"
+    assert groups.family_of(complex(0.1, 0.0), 2) == groups.family_of(complex(0.1, 0.5), 3) == "growth"
+    assert {"real jordan", "jordan"} <= set(groups.FAMILIES)
+    mixed = torch.block_diag(groups.alibi_generator(torch.float64),
+                             groups.jordan_generator(4, -0.1, 0.7, block=2, dtype=torch.float64))
+    assert groups.families(groups.classify_generator(mixed)) == {"real jordan": 2, "jordan": 4}
+
+
+def test_xpos_damping_is_log_zeta_over_scale_base():
+    damping = groups.xpos_generator(64, dtype=torch.float64).diagonal()[:32]  # half layout: pair j on feature j
+    reference = torch.tensor([math.log(z) for z in groups.xpos_scales(64).tolist()], dtype=torch.float64) / 512
+    # log1p vs log of the rounded zeta: they differ by the rounding of zeta amplified by 1 / |ln zeta| <= 90
+    assert torch.allclose(damping, reference, rtol=1e-13, atol=0)
+    assert groups.families(groups.classify_generator(groups.xpos_generator(256, dtype=torch.float64))) == {
+        "damped rotation": 256}
+
+
+# the common torus of commuting skew generators ------------------------------------------------------------------
+def torus_generators(frequencies, seed=0, extra=0):
+    """Commuting skew generators Q (plus_j w_ij J) Q^T (+ an ``extra``-dimensional common kernel), Q random."""
+    n, planes = frequencies.shape
+    dim = 2 * planes + extra
+    basis, _ = torch.linalg.qr(torch.randn(dim, dim, dtype=torch.float64,
+                                           generator=torch.Generator().manual_seed(seed)))
+    j = torch.tensor([[0.0, -1.0], [1.0, 0.0]], dtype=torch.float64)
+    blocks = [torch.block_diag(*[w * j for w in frequencies[i]], torch.zeros(extra, extra, dtype=torch.float64))
+              for i in range(n)]
+    return torch.stack([basis @ b @ basis.T for b in blocks])
+
+
+@pytest.mark.parametrize("extra", [0, 1, 3])
+def test_common_torus_gives_one_linear_functional_per_plane(extra):
+    true = torch.randn(2, 5, dtype=torch.float64, generator=torch.Generator().manual_seed(extra))
+    generators = torus_generators(true, seed=extra, extra=extra)
+    basis, found = groups.common_torus(generators)
+    dim = generators.shape[-1]
+    assert found.shape == (2, 5)
+    assert torch.allclose(basis.T @ basis, torch.eye(dim, dtype=torch.float64), atol=1e-12)
+    # the same planes up to order and orientation: each found column is +- one true column
+    for column in found.T:
+        gaps = torch.minimum((true.T - column).abs().amax(1), (true.T + column).abs().amax(1))
+        assert gaps.min() < 1e-10
+    p = torch.tensor([2.0, -3.0], dtype=torch.float64)
+    turned = basis.T @ groups.multi_parameter_group(generators, p) @ basis
+    angle = torch.atan2(turned[1:10:2, 0:10:2].diagonal(), turned[0:10:2, 0:10:2].diagonal())
+    wrapped = torch.remainder(angle - p @ found + math.pi, 2 * math.pi) - math.pi  # angles are defined mod 2 pi
+    assert wrapped.abs().max() < 1e-10
+    assert torch.allclose(turned[10:, 10:], torch.eye(extra, dtype=torch.float64), atol=1e-12)
+
+
+def test_common_torus_bad_input():
+    with pytest.raises(ValueError, match="must be skew-symmetric"):
+        groups.common_torus(torch.stack([random_generator(), random_generator(seed=1)]))
+    with pytest.raises(ValueError, match="do not commute"):
+        groups.common_torus(random_skew_generators())
+    with pytest.raises(ValueError, match=r"generators must have shape \(n, D, D\)"):
+        groups.common_torus(torch.zeros(4, 4))
 
 
 # bad input ------------------------------------------------------------------------------------------------------
