@@ -38,7 +38,13 @@ float32). Everything is computed in float64 (complex128), on the generator's dev
 3. a real or imaginary part below ``tol * ||X||`` counts as zero.
 
 A normal generator (``X X^T = X^T X`` within ``tol``; RoPE, xPos, RetNet, decay in their natural basis) is
-diagonalisable, so every block has size 1 and step 2 is skipped. The classification is invariant under a change
+diagonalisable, so every block has size 1 and step 2 is skipped. Its eigenvalues are perfectly conditioned, so with
+the default ``tol`` the resolution for "equal" and "zero" is the round-off bound of the generator's own entries and
+of the eigensolver, ``NORMAL_SAFETY * (eps * ||X||_F + D * eps_64 * ||X||_2)``, when that is smaller than
+``tol * ||X||``: in float32 this keeps xPos's slowest
+damping at ``D = 256`` (``u = -1.1e-5``) from reading as a rotation and RoPE's slowest frequencies at ``D = 512``
+(gaps ``3.7e-6``) from merging, both of which ``100 eps ||X||`` did. Pass ``tol`` to read small parts as zero on
+purpose. The classification is invariant under a change
 of basis and under rescaling time (``X -> cX``, ``c > 0``). Limit: in a non-normal generator, two distinct
 eigenvalues closer than about ``sqrt(tol) ||X||`` (more in an ill-conditioned basis) cannot be told apart from a
 Jordan block, and in float32 the slowest frequencies of an ill-conditioned generator drown in round-off.
@@ -290,6 +296,11 @@ def common_torus(generators: torch.Tensor, tol: float = TORUS_TOL, seed: int = 0
 #: perturbation ``E``, and the members of a split Jordan block have huge ``kappa``).
 LINK_SAFETY = 1e3
 
+#: For a normal generator and the default ``tol``, eigenvalues closer than
+#: ``NORMAL_SAFETY * (eps * ||X||_F + D * eps_64 * ||X||_2)`` are one eigenvalue, and real or imaginary parts below it are zero (``eps`` of the generator's dtype; see
+#: :func:`classify_generator`). An explicit ``tol`` replaces it by ``tol * ||X||_2``.
+NORMAL_SAFETY = 4.0
+
 #: Family -> (what exp(tX) does on the block, encodings of that family).
 FAMILIES = {
     "none": ("constant 1", "NoPE"),
@@ -446,7 +457,8 @@ def classify_generator(generator: torch.Tensor, tol: float | None = None) -> lis
     a multiplicity; ``sum(block.real_size * block.multiplicity) == D``. ``tol``: see the module docstring.
     """
     generator = check_generator("generator", generator)
-    tol = default_tolerance(generator.dtype) if tol is None else float(tol)
+    default = tol is None
+    tol = default_tolerance(generator.dtype) if default else float(tol)
     if not 0 < tol < 1:
         raise ValueError(f"tol must lie in (0, 1), got {tol}")
     x = generator.to(torch.complex128)
@@ -455,9 +467,20 @@ def classify_generator(generator: torch.Tensor, tol: float | None = None) -> lis
         return [JordanBlock("none", 0j, 1, dim)]
     found: list[tuple[complex, dict[int, int]]] = []
     normal = torch.linalg.matrix_norm(x @ x.mH - x.mH @ x).item() <= tol * scale**2
+    resolution = tol * scale  # below this, eigenvalues are equal and real or imaginary parts are zero
+    if normal and default:
+        # a normal matrix has perfectly conditioned eigenvalues: rounding its entries to the dtype (|E_ij| <=
+        # eps/2 |X_ij|) moves each by at most ||E||_2 <= eps/2 ||X||_F (Bauer-Fike with kappa = 1). NORMAL_SAFETY
+        # covers generators computed in that dtype too (e.g. Q B Q^T in float32 moves real parts by ~0.1 eps ||X||_F)
+        # while keeping, in float32, xPos's slowest damping at D = 256 (1.1e-5) and RoPE's frequency gaps at
+        # D = 512 (3.7e-6) apart from zero and from each other, which 100 eps ||X|| = 1.2e-5 ||X|| does not
+        # plus the backward error of the float64 eigensolver itself, about dim * eps_64 * ||X||_2
+        frobenius = torch.linalg.matrix_norm(x).item()
+        rounding = torch.finfo(generator.dtype).eps * frobenius + dim * torch.finfo(torch.float64).eps * scale
+        resolution = min(resolution, NORMAL_SAFETY * rounding)
     if normal:  # diagonalisable: only merge (numerically) equal eigenvalues
         values = torch.linalg.eigvals(x)
-        equal = torch.full((dim, dim), tol * scale, dtype=torch.float64, device=x.device)
+        equal = torch.full((dim, dim), resolution, dtype=torch.float64, device=x.device)
         for cluster in _link_clusters(values, equal):
             found.append((complex(values[cluster].mean().item()), {1: len(cluster)}))
     else:
@@ -470,11 +493,11 @@ def classify_generator(generator: torch.Tensor, tol: float | None = None) -> lis
         _resolve(x, values, links, list(range(dim)), 0.1 * scale, tol * scale, tol, found)
     counts: dict[tuple[complex, int], int] = {}
     for mu, sizes in found:
-        mu = complex(0.0 if abs(mu.real) <= tol * scale else mu.real, 0.0 if abs(mu.imag) <= tol * scale else mu.imag)
+        mu = complex(0.0 if abs(mu.real) <= resolution else mu.real, 0.0 if abs(mu.imag) <= resolution else mu.imag)
         if mu.imag < 0:
             continue  # the conjugate partner is reported once, with w > 0
         for size, count in sizes.items():
-            key = next((k for k in counts if k[1] == size and abs(k[0] - mu) <= tol * scale), (mu, size))
+            key = next((k for k in counts if k[1] == size and abs(k[0] - mu) <= resolution), (mu, size))
             counts[key] = counts.get(key, 0) + count
     blocks = [JordanBlock(family_of(mu, size), mu, size, count) for (mu, size), count in counts.items()]
     covered = sum(block.real_size * block.multiplicity for block in blocks)
@@ -505,7 +528,7 @@ def summarize(blocks: list[JordanBlock]) -> str:
 
 
 __all__ = [
-    "FAMILIES", "TORUS_TOL", "JordanBlock", "default_tolerance", "family_of", "classify_generator", "families", "summarize",
+    "FAMILIES", "NORMAL_SAFETY", "TORUS_TOL", "JordanBlock", "default_tolerance", "family_of", "classify_generator", "families", "summarize",
     "COMMUTING_TOL", "GroupEncoding", "MultiGroupEncoding", "alibi_generator", "alibi_vectors", "check_commuting",
     "check_generator", "check_times", "common_torus", "commutator", "damped_rope_generator", "decay_generator", "jordan_generator",
     "multi_parameter_group", "one_parameter_group", "relative_kernel", "retnet_decays", "rope_generator",

@@ -360,6 +360,34 @@ def test_xpos_damping_is_log_zeta_over_scale_base():
         "damped rotation": 256}
 
 
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
+def test_normal_generators_resolve_small_rates_and_gaps_in_any_dtype(dtype):
+    # xPos at D = 256: the slowest pair's damping is -1.1e-5; RoPE at D = 512: the slowest frequencies are 3.7e-6
+    # apart. Both are far above the round-off of the stored entries (~1e-7 in float32), though below 100 eps.
+    assert groups.families(groups.classify_generator(groups.xpos_generator(256, dtype=dtype))) == {
+        "damped rotation": 256}
+    rope = groups.classify_generator(groups.rope_generator(512, dtype=dtype))
+    assert len(rope) == 256 and all(b.multiplicity == 1 for b in rope)
+    # an explicit tol still reads parts below tol * ||X|| as zero
+    slow = groups.damped_rope_generator(8, 1 - 2.0**-20, dtype=dtype)  # u = ln(1 - 2^-20) ~ -9.5e-7
+    assert groups.families(groups.classify_generator(slow)) == {"damped rotation": 8}
+    assert groups.families(groups.classify_generator(slow, tol=1e-4)) == {"rotation": 8}
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
+@pytest.mark.parametrize("seed", range(3))
+def test_rotated_normal_generator_keeps_repeated_frequencies_together(dtype, seed):
+    """Q (RoPE + RoPE + 0) Q^T computed in dtype: the same 2 x 8 frequencies twice and a 3-D kernel."""
+    n = 35
+    basis, _ = torch.linalg.qr(torch.randn(n, n, dtype=torch.float64, generator=torch.Generator().manual_seed(seed)))
+    rope = groups.rope_generator(16, dtype=torch.float64)
+    block = torch.block_diag(rope, rope, torch.zeros(3, 3, dtype=torch.float64))
+    x = basis.to(dtype) @ block.to(dtype) @ basis.to(dtype).T
+    blocks = groups.classify_generator(x)
+    assert groups.families(blocks) == {"none": 3, "rotation": 32}
+    assert sorted(b.multiplicity for b in blocks) == [2] * 8 + [3]
+
+
 # the common torus of commuting skew generators ------------------------------------------------------------------
 def torus_generators(frequencies, seed=0, extra=0):
     """Commuting skew generators Q (plus_j w_ij J) Q^T (+ an ``extra``-dimensional common kernel), Q random."""
