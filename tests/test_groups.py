@@ -151,11 +151,13 @@ def test_rope_generator_equals_posenc_rope(layout):
     inv_freq, _ = posenc.rope_frequencies(D)
     x = groups.rope_generator(D, layout=layout, dtype=torch.float64)
     for t in (0.0, 1.0, 2.5, 37.0, 1000.0):
+        # float64 angles up to 1000: both sides round t * theta to ~1e-13 absolute
         assert torch.allclose(groups.one_parameter_group(x, t), posenc.rope_matrix(t, inv_freq, layout), atol=1e-12)
     q, k = torch.randn(2, 4, 6, D), torch.randn(2, 4, 6, D)
     positions = torch.arange(6) + 100
     ours = groups.GroupEncoding(groups.rope_generator(D, layout=layout)).encode_qk(q, k, positions, positions)
     theirs = posenc.RoPE(D, layout=layout).encode_qk(q, k, positions, positions)
+    # float32 at positions ~105: the angles differ by ~eps * 105 ~ 1e-5, times |q| entries of a few units
     assert torch.allclose(ours[0], theirs[0], atol=1e-4) and torch.allclose(ours[1], theirs[1], atol=1e-4)
     assert torch.allclose(ours[0], posenc.rotate(q, positions, inv_freq, layout=layout), atol=1e-4)
 
@@ -175,6 +177,7 @@ def test_alibi_block_equals_alibi_bias_under_a_causal_mask():
     q = q_bar.expand(1, n_heads, length, 2)
     k = k_bar[None, :, None, :].expand(1, n_heads, length, 2)
     bias = logits(encoding, q, k, positions, positions)[0]
+    # float32 reference: biases up to 0.25 * 6 carry ~1e-7 round-off
     assert torch.allclose(bias.float(), posenc.alibi_bias(length, slopes=slopes.float()), atol=1e-5)
     n = groups.alibi_generator(dtype=torch.float64)
     for m, a in ((0.5, 3.0), (0.125, 11.0)):  # the post's form: (1, 0)^T exp(aN) (0, -m) = -m a
@@ -197,7 +200,7 @@ def test_alibi_through_attention_with_augmented_heads():
     v_aug = torch.cat((v, torch.zeros(1, n_heads, length, 2, dtype=torch.float64)), dim=-1)
     ours = posenc.attention(q_aug, k_aug, v_aug, encoding=groups.GroupEncoding(generator), causal=True)[..., :dim]
     theirs = posenc.attention(q, k, v, encoding=posenc.ALiBi(n_heads), causal=True)
-    assert torch.allclose(ours, theirs.double(), atol=1e-6)
+    assert torch.allclose(ours, theirs.double(), atol=1e-6)  # posenc.ALiBi uses float32 slopes: ~1e-7 off
 
 
 def test_xpos_generator_equals_direct_xpos():
@@ -208,6 +211,7 @@ def test_xpos_generator_equals_direct_xpos():
     q_direct = posenc.rotate(q, n, inv_freq).double() * zeta ** (n[:, None] / 512)
     k_direct = posenc.rotate(k, m, inv_freq).double() * zeta ** (-m[:, None] / 512)
     q_ours, k_ours = groups.GroupEncoding(groups.xpos_generator(D, dtype=torch.float64)).encode_qk(q, k, n, m)
+    # posenc.rotate works in float32 (angles up to 25 -> ~3e-6 absolute); the group side is float64
     assert torch.allclose(q_ours, q_direct, atol=1e-5) and torch.allclose(k_ours, k_direct, atol=1e-5)
 
 
