@@ -6,17 +6,21 @@ attention plug-ins (:class:`GroupEncoding`, :class:`MultiGroupEncoding`) live in
 are re-exported here, so ``from posenc.groups import GroupEncoding, rope_generator`` works. Convention:
 ``F(t) = exp(tX)`` for queries, ``G(s) = F(s)^{-T}`` for keys, logit ``q^T exp((t - s) X^T) k``.
 
-========================  ======================================  ==========================================
-block of ``X``            ``exp(tX)`` on the block                family
-========================  ======================================  ==========================================
-eigenvalue 0              1                                       ``none`` (NoPE)
-real ``u < 0``            ``e^{ut}``                              ``decay``
-real ``u > 0``            ``e^{ut}``                              ``growth`` (rejected: unbounded)
-pair ``+-i w``            rotation ``R(wt)``                      ``rotation`` (RoPE)
-pair ``u +- i w, u < 0``  ``e^{ut} R(wt)``                        ``damped rotation`` (xPos, RetNet)
-pair ``u +- i w, u > 0``  ``e^{ut} R(wt)``                        ``growth``
-Jordan size ``k >= 2``    ``e^{ut}`` x polynomial of degree k-1   ``jordan`` (exotic; ALiBi is ``u = 0, k = 2``)
-========================  ======================================  ==========================================
+================================  ======================================  ====================================
+block of ``X`` (Jordan size k)    ``exp(tX)`` on the block                family
+================================  ======================================  ====================================
+eigenvalue 0, k = 1               1                                       ``none`` (NoPE)
+real ``u < 0``, k = 1             ``e^{ut}``                              ``decay``
+real ``u > 0``, any k             ``e^{ut}`` (times a polynomial)         ``growth`` (rejected: unbounded)
+pair ``+-iw``, k = 1              rotation ``R(wt)``                      ``rotation`` (RoPE)
+pair ``u +- iw, u < 0``, k = 1    ``e^{ut} R(wt)``                        ``damped rotation`` (xPos, RetNet)
+pair ``u +- iw, u > 0``, any k    ``e^{ut} R(wt)`` (times a polynomial)   ``growth``
+real ``u <= 0``, k >= 2           ``e^{ut}`` x polynomial, degree k-1     ``real jordan`` (ALiBi: u = 0, k = 2)
+pair ``u +- iw, u <= 0``, k >= 2  ``e^{ut} R(wt)`` x polynomial           ``jordan`` (the exotic class)
+================================  ======================================  ====================================
+
+``real jordan`` with ``u = 0`` is unipotent (``exp(tX) = I + tN + ...``); ``jordan`` (complex Jordan blocks) is
+the class the Jane Street post calls exotic. The family name ``jordan`` is kept for the complex blocks only.
 
 Tolerance (``tol``, relative; default :func:`default_tolerance`: ``1e-11`` for float64 generators, ``1.2e-5`` for
 float32). Everything is computed in float64 (complex128), on the generator's device. Eigenvalues come from
@@ -34,10 +38,19 @@ float32). Everything is computed in float64 (complex128), on the generator's dev
 3. a real or imaginary part below ``tol * ||X||`` counts as zero.
 
 A normal generator (``X X^T = X^T X`` within ``tol``; RoPE, xPos, RetNet, decay in their natural basis) is
-diagonalisable, so every block has size 1 and step 2 is skipped. The classification is invariant under a change
+diagonalisable, so every block has size 1 and step 2 is skipped. Its eigenvalues are perfectly conditioned, so with
+the default ``tol`` the resolution for "equal" and "zero" is the round-off bound of the generator's own entries and
+of the eigensolver, ``NORMAL_SAFETY * (eps * ||X||_F + D * eps_64 * ||X||_2)``, when that is smaller than
+``tol * ||X||``: in float32 this keeps xPos's slowest
+damping at ``D = 256`` (``u = -1.1e-5``) from reading as a rotation and RoPE's slowest frequencies at ``D = 512``
+(gaps ``3.7e-6``) from merging, both of which ``100 eps ||X||`` did. Pass ``tol`` to read small parts as zero on
+purpose. The classification is invariant under a change
 of basis and under rescaling time (``X -> cX``, ``c > 0``). Limit: in a non-normal generator, two distinct
 eigenvalues closer than about ``sqrt(tol) ||X||`` (more in an ill-conditioned basis) cannot be told apart from a
-Jordan block, and in float32 the slowest frequencies of an ill-conditioned generator drown in round-off.
+Jordan block, and in float32 the slowest frequencies of an ill-conditioned generator drown in round-off: with
+``tol = 1.2e-5`` ranks resolve eigenvalues only about ``sqrt(tol) ||X|| = 3.5e-3 ||X||`` apart, so
+``jordan_generator(16)`` in float32 (copies at frequencies 1, 0.1, 0.01, 0.001) reports its slowest copy as rotations,
+while its float64 version classifies correctly; cast such generators to float64 first.
 """
 from __future__ import annotations
 
@@ -104,7 +117,12 @@ def xpos_generator(head_dim: int, base: float = 10_000.0, scale_base: float = 51
     ``F(n) = exp(nX)`` is RoPE at ``n`` times ``zeta_j^(n/B)`` (the xPos query) and ``G(m) = F(m)^{-T}`` is RoPE at
     ``m`` times ``zeta_j^(-m/B)`` (the xPos key).
     """
-    damping = torch.log(xpos_scales(head_dim)) / require_positive_number("scale_base", scale_base)
+    require_int("head_dim", head_dim, minimum=2, even=True)
+    # ln(zeta_j) = log1p(-(D - 2j) / (1.4 D)): the last zeta_j lie close to 1, where log(zeta) would first round
+    # zeta to float64 and then amplify that error by 1 / |ln zeta| (about 2e-14 relative at D = 64); log1p does not
+    pairs = torch.arange(head_dim // 2, dtype=torch.float64)
+    damping = torch.log1p(-(head_dim - 2 * pairs) / (1.4 * head_dim)) / require_positive_number("scale_base",
+                                                                                                  scale_base)
     return _rotation_generator(head_dim, _rope_inv_freq(head_dim, base, device), damping, layout, dtype, device)
 
 
@@ -204,12 +222,87 @@ def alibi_vectors(slopes: torch.Tensor):
     return q_bar, k_bar
 
 
+# commuting skew generators: one maximal torus ---------------------------------------------------------------------
+#: Relative tolerance of :func:`common_torus`: a generator counts as skew-symmetric when ``||X + X^T|| <= tol ||X||``
+#: and the common basis is accepted when every ``Q^T X_i Q`` is block diagonal to ``tol ||X_i||``. The planes come from
+#: the eigenvectors of ``-Z^2`` for a random combination ``Z``; their round-off is about ``eps ||Z||^2 / gap`` (gap:
+#: the smallest distance between distinct ``w_j^2``), so 1e-8 accepts gaps down to about 1e-8 ||Z||^2 in float64.
+TORUS_TOL = 1e-8
+
+
+def common_torus(generators: torch.Tensor, tol: float = TORUS_TOL, seed: int = 0):
+    """One orthogonal basis that block-diagonalises commuting skew-symmetric generators ``(n, D, D)``.
+
+    Returns ``(basis (D, D), frequencies (n, P))``, float64, with ``P`` planes: ``X_i = Q B_i Q^T`` where ``B_i``
+    has ``frequencies[i, j] * [[0, -1], [1, 0]]`` on the plane of columns ``2j, 2j + 1`` of ``Q`` and zeros on the
+    remaining ``D - 2P`` columns (the common kernel). So ``exp(sum_i p_i X_i)`` turns plane ``j`` by the angle
+    ``<w_j, p>`` with ``w_j = frequencies[:, j]``: a linear functional of ``p`` per plane (the maximal-torus theorem).
+
+    Method: the planes of a generic combination ``Z = sum_i c_i X_i`` (random ``c``, ``seed``) are the 2-D
+    eigenspaces of the symmetric ``-Z^2 = Z^T Z``; each is ``span(v, Z v / |Z v|)``. ``ValueError`` if a generator is
+    not skew, the generators do not commute, or the result is not block diagonal within ``tol`` (two planes whose
+    frequencies under ``Z`` nearly coincide; try another ``seed``).
+    """
+    require_tensor("generators", generators)
+    if generators.ndim != 3 or generators.shape[-1] != generators.shape[-2]:
+        raise ValueError(f"generators must have shape (n, D, D), got shape {tuple(generators.shape)}")
+    x = torch.stack([check_generator(f"generators[{i}]", g) for i, g in enumerate(generators)]).to(torch.float64)
+    norms = torch.linalg.matrix_norm(x)
+    for i in range(x.shape[0]):
+        if torch.linalg.matrix_norm(x[i] + x[i].T) > tol * norms[i]:
+            raise ValueError(f"generators[{i}] must be skew-symmetric (X^T = -X within tol = {tol:g})")
+    check_commuting(x)
+    dim = x.shape[-1]
+    c = torch.rand(x.shape[0], dtype=torch.float64, generator=torch.Generator().manual_seed(seed)) + 0.5
+    z = torch.einsum("n,nij->ij", c / norms.clamp(min=torch.finfo(torch.float64).tiny), x)
+    squares, vectors = torch.linalg.eigh(z.T @ z)  # ascending w_j^2, each (ideally) twice
+    scale = squares[-1].clamp(min=torch.finfo(torch.float64).tiny)
+    columns, used = [], torch.zeros(dim, dtype=torch.bool)
+    for index in range(dim - 1, -1, -1):  # largest first; a plane is (v, Z v / |Z v|)
+        if used[index] or squares[index] <= tol * scale:
+            continue
+        v = vectors[:, index]
+        w = z @ v
+        w = w / torch.linalg.vector_norm(w)
+        # the partner eigenvector of the same w^2 is the one most aligned with w
+        partner = (vectors.T @ w).abs().masked_fill(used, -1.0)
+        partner[index] = -1.0
+        used[index] = used[int(partner.argmax())] = True
+        columns += [v, w]
+    planes = len(columns) // 2
+    kernel = vectors[:, squares <= tol * scale]
+    if planes and kernel.shape[1]:  # keep the kernel orthogonal to the planes (it is, up to round-off)
+        plane_basis = torch.stack(columns, dim=1)
+        kernel = kernel - plane_basis @ (plane_basis.T @ kernel)
+        kernel, _ = torch.linalg.qr(kernel)
+    basis = torch.cat(([torch.stack(columns, dim=1)] if columns else []) + [kernel], dim=1)
+    if basis.shape[1] != dim:
+        raise ValueError(f"could not split R^{dim} into planes and a kernel (found {basis.shape[1]} directions); "
+                         "try another seed")
+    blocks = basis.T @ x @ basis
+    first, second = torch.arange(0, 2 * planes, 2), torch.arange(1, 2 * planes, 2)
+    frequencies = (blocks[:, second, first] - blocks[:, first, second]) / 2
+    rebuilt = torch.zeros_like(blocks)
+    rebuilt[:, second, first], rebuilt[:, first, second] = frequencies, -frequencies
+    residual = torch.linalg.matrix_norm(blocks - rebuilt)
+    if bool((residual > tol * norms.clamp(min=torch.finfo(torch.float64).tiny)).any()):
+        raise ValueError(f"no common block-diagonal basis within tol = {tol:g} (residual "
+                         f"{(residual / norms).max().item():.1e}): two planes are too close under the random "
+                         "combination; try another seed")
+    return basis, frequencies
+
+
 # classification -------------------------------------------------------------------------------------------------
 #: Eigenvalues ``i, j`` are candidates for one (Jordan-split) eigenvalue when ``|l_i - l_j| <= LINK_SAFETY * eps *
 #: ||X|| * max(kappa_i, kappa_j)``: one lies within the round-off uncertainty of the other (``eps`` of the generator's
 #: dtype, ``kappa`` the eigenvalue condition numbers; a simple eigenvalue moves by about ``kappa ||E||`` under a
 #: perturbation ``E``, and the members of a split Jordan block have huge ``kappa``).
 LINK_SAFETY = 1e3
+
+#: For a normal generator and the default ``tol``, eigenvalues closer than
+#: ``NORMAL_SAFETY * (eps * ||X||_F + D * eps_64 * ||X||_2)`` are one eigenvalue, and real or imaginary parts below it are zero (``eps`` of the generator's dtype; see
+#: :func:`classify_generator`). An explicit ``tol`` replaces it by ``tol * ||X||_2``.
+NORMAL_SAFETY = 4.0
 
 #: Family -> (what exp(tX) does on the block, encodings of that family).
 FAMILIES = {
@@ -218,7 +311,9 @@ FAMILIES = {
     "growth": ("e^{ut} (R(wt)), u > 0: unbounded", "rejected as unstable"),
     "rotation": ("R(wt)", "RoPE"),
     "damped rotation": ("e^{ut} R(wt), u < 0", "xPos, RetNet"),
-    "jordan": ("e^{ut} (polynomial of degree k-1 in t)", "exotic; ALiBi (u = 0, k = 2)"),
+    "real jordan": ("e^{ut} x polynomial of degree k-1 in t, u <= 0 real (u = 0: unipotent)",
+                    "ALiBi (u = 0, k = 2)"),
+    "jordan": ("e^{ut} R(wt) x polynomial of degree k-1 in t, u <= 0, w > 0", "exotic (complex Jordan blocks)"),
 }
 
 
@@ -254,11 +349,16 @@ def default_tolerance(dtype: torch.dtype) -> float:
 
 
 def family_of(eigenvalue: complex, size: int) -> str:
-    """The family of a Jordan block whose (already rounded) eigenvalue is ``u + iw``."""
-    if size > 1:
-        return "jordan"
+    """The family of a Jordan block of Jordan size ``size`` whose (already rounded) eigenvalue is ``u + iw``.
+
+    ``u > 0`` is ``growth`` whatever the size (exponential growth beats any polynomial); a block of size ``>= 2``
+    is ``real jordan`` for a real eigenvalue (``w = 0``; ALiBi's unipotent block) and ``jordan`` for a complex pair
+    (the exotic class).
+    """
     if eigenvalue.real > 0:
         return "growth"
+    if size > 1:
+        return "jordan" if eigenvalue.imag else "real jordan"
     if eigenvalue.imag:
         return "damped rotation" if eigenvalue.real < 0 else "rotation"
     return "decay" if eigenvalue.real < 0 else "none"
@@ -360,7 +460,8 @@ def classify_generator(generator: torch.Tensor, tol: float | None = None) -> lis
     a multiplicity; ``sum(block.real_size * block.multiplicity) == D``. ``tol``: see the module docstring.
     """
     generator = check_generator("generator", generator)
-    tol = default_tolerance(generator.dtype) if tol is None else float(tol)
+    default = tol is None
+    tol = default_tolerance(generator.dtype) if default else float(tol)
     if not 0 < tol < 1:
         raise ValueError(f"tol must lie in (0, 1), got {tol}")
     x = generator.to(torch.complex128)
@@ -369,9 +470,20 @@ def classify_generator(generator: torch.Tensor, tol: float | None = None) -> lis
         return [JordanBlock("none", 0j, 1, dim)]
     found: list[tuple[complex, dict[int, int]]] = []
     normal = torch.linalg.matrix_norm(x @ x.mH - x.mH @ x).item() <= tol * scale**2
+    resolution = tol * scale  # below this, eigenvalues are equal and real or imaginary parts are zero
+    if normal and default:
+        # a normal matrix has perfectly conditioned eigenvalues: rounding its entries to the dtype (|E_ij| <=
+        # eps/2 |X_ij|) moves each by at most ||E||_2 <= eps/2 ||X||_F (Bauer-Fike with kappa = 1). NORMAL_SAFETY
+        # covers generators computed in that dtype too (e.g. Q B Q^T in float32 moves real parts by ~0.1 eps ||X||_F)
+        # while keeping, in float32, xPos's slowest damping at D = 256 (1.1e-5) and RoPE's frequency gaps at
+        # D = 512 (3.7e-6) apart from zero and from each other, which 100 eps ||X|| = 1.2e-5 ||X|| does not
+        # plus the backward error of the float64 eigensolver itself, about dim * eps_64 * ||X||_2
+        frobenius = torch.linalg.matrix_norm(x).item()
+        rounding = torch.finfo(generator.dtype).eps * frobenius + dim * torch.finfo(torch.float64).eps * scale
+        resolution = min(resolution, NORMAL_SAFETY * rounding)
     if normal:  # diagonalisable: only merge (numerically) equal eigenvalues
         values = torch.linalg.eigvals(x)
-        equal = torch.full((dim, dim), tol * scale, dtype=torch.float64, device=x.device)
+        equal = torch.full((dim, dim), resolution, dtype=torch.float64, device=x.device)
         for cluster in _link_clusters(values, equal):
             found.append((complex(values[cluster].mean().item()), {1: len(cluster)}))
     else:
@@ -384,11 +496,11 @@ def classify_generator(generator: torch.Tensor, tol: float | None = None) -> lis
         _resolve(x, values, links, list(range(dim)), 0.1 * scale, tol * scale, tol, found)
     counts: dict[tuple[complex, int], int] = {}
     for mu, sizes in found:
-        mu = complex(0.0 if abs(mu.real) <= tol * scale else mu.real, 0.0 if abs(mu.imag) <= tol * scale else mu.imag)
+        mu = complex(0.0 if abs(mu.real) <= resolution else mu.real, 0.0 if abs(mu.imag) <= resolution else mu.imag)
         if mu.imag < 0:
             continue  # the conjugate partner is reported once, with w > 0
         for size, count in sizes.items():
-            key = next((k for k in counts if k[1] == size and abs(k[0] - mu) <= tol * scale), (mu, size))
+            key = next((k for k in counts if k[1] == size and abs(k[0] - mu) <= resolution), (mu, size))
             counts[key] = counts.get(key, 0) + count
     blocks = [JordanBlock(family_of(mu, size), mu, size, count) for (mu, size), count in counts.items()]
     covered = sum(block.real_size * block.multiplicity for block in blocks)
@@ -419,9 +531,9 @@ def summarize(blocks: list[JordanBlock]) -> str:
 
 
 __all__ = [
-    "FAMILIES", "JordanBlock", "default_tolerance", "family_of", "classify_generator", "families", "summarize",
+    "FAMILIES", "NORMAL_SAFETY", "TORUS_TOL", "JordanBlock", "default_tolerance", "family_of", "classify_generator", "families", "summarize",
     "COMMUTING_TOL", "GroupEncoding", "MultiGroupEncoding", "alibi_generator", "alibi_vectors", "check_commuting",
-    "check_generator", "check_times", "commutator", "damped_rope_generator", "decay_generator", "jordan_generator",
+    "check_generator", "check_times", "common_torus", "commutator", "damped_rope_generator", "decay_generator", "jordan_generator",
     "multi_parameter_group", "one_parameter_group", "relative_kernel", "retnet_decays", "rope_generator",
     "xpos_generator", "xpos_scales",
 ]

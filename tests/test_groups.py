@@ -51,6 +51,8 @@ def test_group_law(a, b, seed):
 
 def test_identity_at_zero_and_shapes_and_dtype():
     x = random_generator()
+    # exact by construction: 0 * X is exactly the zero matrix, and every operation of exp (polynomial terms, scaling
+    # and squaring) on 0 and I is exact
     assert torch.equal(groups.one_parameter_group(x, 0.0), torch.eye(D, dtype=torch.float64))
     assert groups.one_parameter_group(x, torch.zeros(3, 4)).shape == (3, 4, D, D)
     assert groups.one_parameter_group(x.to(torch.bfloat16), 2).dtype == torch.float32  # float32 or better
@@ -117,8 +119,19 @@ def test_batched_positions_and_one_generator_per_head():
         for h in range(3):
             single = groups.GroupEncoding(heads[h])
             expected = logits(single, q[b, h], k[b, h], positions[b], positions[b])
-            assert torch.allclose(batched[b, h], expected, atol=1e-12)
-    assert torch.allclose(batched[0], batched[1], atol=1e-10)  # shifted rows, same offsets
+            # same maps, products grouped differently by einsum: a few ulp of |q| |k| ||F|| ||G|| per logit
+            bound = 64 * torch.finfo(torch.float64).eps * (q[b, h].norm(dim=-1).max() * k[b, h].norm(dim=-1).max()
+                                                           * size_of_maps(single, positions[b]))
+            assert (batched[b, h] - expected).abs().max() <= bound
+    # shifted rows, same offsets: equal in exact arithmetic; round-off of the maps at positions up to 15 (norms of
+    # F and G at most gamma^-15 < 1.7), relative to the largest logit
+    assert torch.allclose(batched[0], batched[1], rtol=0, atol=1e-12 * batched.abs().max().item())
+
+
+def size_of_maps(encoding, positions):
+    """max ||F(t)|| * max ||G(t)|| over ``positions`` (spectral norms): the scale of the round-off in a logit."""
+    return (torch.linalg.matrix_norm(encoding.query_maps(positions), ord=2).max()
+            * torch.linalg.matrix_norm(encoding.key_maps(positions), ord=2).max())
 
 
 def test_learnable_generator_gets_gradients_and_low_precision_inputs_keep_their_dtype():
@@ -138,11 +151,13 @@ def test_rope_generator_equals_posenc_rope(layout):
     inv_freq, _ = posenc.rope_frequencies(D)
     x = groups.rope_generator(D, layout=layout, dtype=torch.float64)
     for t in (0.0, 1.0, 2.5, 37.0, 1000.0):
+        # float64 angles up to 1000: both sides round t * theta to ~1e-13 absolute
         assert torch.allclose(groups.one_parameter_group(x, t), posenc.rope_matrix(t, inv_freq, layout), atol=1e-12)
     q, k = torch.randn(2, 4, 6, D), torch.randn(2, 4, 6, D)
     positions = torch.arange(6) + 100
     ours = groups.GroupEncoding(groups.rope_generator(D, layout=layout)).encode_qk(q, k, positions, positions)
     theirs = posenc.RoPE(D, layout=layout).encode_qk(q, k, positions, positions)
+    # float32 at positions ~105: the angles differ by ~eps * 105 ~ 1e-5, times |q| entries of a few units
     assert torch.allclose(ours[0], theirs[0], atol=1e-4) and torch.allclose(ours[1], theirs[1], atol=1e-4)
     assert torch.allclose(ours[0], posenc.rotate(q, positions, inv_freq, layout=layout), atol=1e-4)
 
@@ -162,13 +177,14 @@ def test_alibi_block_equals_alibi_bias_under_a_causal_mask():
     q = q_bar.expand(1, n_heads, length, 2)
     k = k_bar[None, :, None, :].expand(1, n_heads, length, 2)
     bias = logits(encoding, q, k, positions, positions)[0]
+    # float32 reference: biases up to 0.25 * 6 carry ~1e-7 round-off
     assert torch.allclose(bias.float(), posenc.alibi_bias(length, slopes=slopes.float()), atol=1e-5)
     n = groups.alibi_generator(dtype=torch.float64)
     for m, a in ((0.5, 3.0), (0.125, 11.0)):  # the post's form: (1, 0)^T exp(aN) (0, -m) = -m a
         value = torch.tensor([1.0, 0.0], dtype=torch.float64) @ groups.one_parameter_group(n, a) @ torch.tensor(
             [0.0, -m], dtype=torch.float64)
         assert value.item() == pytest.approx(-m * a)
-    assert groups.classify_generator(n)[0].family == "jordan"
+    assert groups.classify_generator(n)[0].family == "real jordan"  # unipotent, not the exotic complex class
 
 
 def test_alibi_through_attention_with_augmented_heads():
@@ -184,7 +200,7 @@ def test_alibi_through_attention_with_augmented_heads():
     v_aug = torch.cat((v, torch.zeros(1, n_heads, length, 2, dtype=torch.float64)), dim=-1)
     ours = posenc.attention(q_aug, k_aug, v_aug, encoding=groups.GroupEncoding(generator), causal=True)[..., :dim]
     theirs = posenc.attention(q, k, v, encoding=posenc.ALiBi(n_heads), causal=True)
-    assert torch.allclose(ours, theirs.double(), atol=1e-6)
+    assert torch.allclose(ours, theirs.double(), atol=1e-6)  # posenc.ALiBi uses float32 slopes: ~1e-7 off
 
 
 def test_xpos_generator_equals_direct_xpos():
@@ -195,6 +211,7 @@ def test_xpos_generator_equals_direct_xpos():
     q_direct = posenc.rotate(q, n, inv_freq).double() * zeta ** (n[:, None] / 512)
     k_direct = posenc.rotate(k, m, inv_freq).double() * zeta ** (-m[:, None] / 512)
     q_ours, k_ours = groups.GroupEncoding(groups.xpos_generator(D, dtype=torch.float64)).encode_qk(q, k, n, m)
+    # posenc.rotate works in float32 (angles up to 25 -> ~3e-6 absolute); the group side is float64
     assert torch.allclose(q_ours, q_direct, atol=1e-5) and torch.allclose(k_ours, k_direct, atol=1e-5)
 
 
@@ -280,14 +297,16 @@ KNOWN_STRUCTURES = {
     "rotation": (groups.rope_generator(6), [("rotation", 1, 1)] * 3),
     "damped rotation (xPos)": (groups.xpos_generator(6), [("damped rotation", 1, 1)] * 3),
     "damped rotation (RetNet)": (groups.damped_rope_generator(4, 0.9), [("damped rotation", 1, 1)] * 2),
-    "alibi": (groups.alibi_generator(), [("jordan", 2, 1)]),
-    "jordan real 3": (groups.jordan_generator(3, -0.2, 0.0, block=3), [("jordan", 3, 1)]),
-    "jordan unipotent 4": (groups.jordan_generator(4, 0.0, 0.0, block=4), [("jordan", 4, 1)]),
+    "alibi": (groups.alibi_generator(), [("real jordan", 2, 1)]),
+    "jordan real 3": (groups.jordan_generator(3, -0.2, 0.0, block=3), [("real jordan", 3, 1)]),
+    "jordan unipotent 4": (groups.jordan_generator(4, 0.0, 0.0, block=4), [("real jordan", 4, 1)]),
+    "jordan real growth": (groups.jordan_generator(4, 0.3, 0.0, block=2), [("growth", 2, 2)]),
+    "jordan complex growth": (groups.jordan_generator(4, 0.2, 0.8, block=2), [("growth", 2, 1)]),
     "jordan complex 2": (groups.jordan_generator(8, -0.05, 1.3, block=2), [("jordan", 2, 2)]),
     "jordan complex 3": (groups.jordan_generator(6, 0.0, 0.7, block=3), [("jordan", 3, 1)]),
     "mixed": (torch.block_diag(groups.jordan_generator(4, -0.1, 0.9), groups.alibi_generator(),
                                groups.decay_generator(2, 0.3), groups.rope_generator(4), torch.zeros(1, 1)),
-              [("none", 1, 1), ("decay", 1, 2), ("rotation", 1, 1), ("rotation", 1, 1), ("jordan", 2, 1),
+              [("none", 1, 1), ("decay", 1, 2), ("rotation", 1, 1), ("rotation", 1, 1), ("real jordan", 2, 1),
                ("jordan", 2, 1)]),
 }
 
@@ -323,7 +342,96 @@ def test_classification_eigenvalues_and_summary():
 def test_classification_tolerance_separates_a_tiny_frequency_from_alibi():
     generator = torch.block_diag(groups.rope_generator(128, dtype=torch.float64), groups.alibi_generator(torch.float64))
     found = groups.families(groups.classify_generator(generator))
-    assert found == {"rotation": 128, "jordan": 2}
+    assert found == {"rotation": 128, "real jordan": 2}
+
+
+def test_real_and_complex_jordan_blocks_are_different_families():
+    assert groups.family_of(0j, 2) == "real jordan" and groups.family_of(complex(-0.1, 0.0), 3) == "real jordan"
+    assert groups.family_of(complex(0.0, 0.5), 2) == "jordan" and groups.family_of(complex(-0.1, 0.5), 2) == "jordan"
+    assert groups.family_of(complex(0.1, 0.0), 2) == groups.family_of(complex(0.1, 0.5), 3) == "growth"
+    assert {"real jordan", "jordan"} <= set(groups.FAMILIES)
+    mixed = torch.block_diag(groups.alibi_generator(torch.float64),
+                             groups.jordan_generator(4, -0.1, 0.7, block=2, dtype=torch.float64))
+    assert groups.families(groups.classify_generator(mixed)) == {"real jordan": 2, "jordan": 4}
+
+
+def test_xpos_damping_is_log_zeta_over_scale_base():
+    damping = groups.xpos_generator(64, dtype=torch.float64).diagonal()[:32]  # half layout: pair j on feature j
+    reference = torch.tensor([math.log(z) for z in groups.xpos_scales(64).tolist()], dtype=torch.float64) / 512
+    # log1p vs log of the rounded zeta: they differ by the rounding of zeta amplified by 1 / |ln zeta| <= 90
+    assert torch.allclose(damping, reference, rtol=1e-13, atol=0)
+    assert groups.families(groups.classify_generator(groups.xpos_generator(256, dtype=torch.float64))) == {
+        "damped rotation": 256}
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
+def test_normal_generators_resolve_small_rates_and_gaps_in_any_dtype(dtype):
+    # xPos at D = 256: the slowest pair's damping is -1.1e-5; RoPE at D = 512: the slowest frequencies are 3.7e-6
+    # apart. Both are far above the round-off of the stored entries (~1e-7 in float32), though below 100 eps.
+    assert groups.families(groups.classify_generator(groups.xpos_generator(256, dtype=dtype))) == {
+        "damped rotation": 256}
+    rope = groups.classify_generator(groups.rope_generator(512, dtype=dtype))
+    assert len(rope) == 256 and all(b.multiplicity == 1 for b in rope)
+    # an explicit tol still reads parts below tol * ||X|| as zero
+    slow = groups.damped_rope_generator(8, 1 - 2.0**-20, dtype=dtype)  # u = ln(1 - 2^-20) ~ -9.5e-7
+    assert groups.families(groups.classify_generator(slow)) == {"damped rotation": 8}
+    assert groups.families(groups.classify_generator(slow, tol=1e-4)) == {"rotation": 8}
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
+@pytest.mark.parametrize("seed", range(3))
+def test_rotated_normal_generator_keeps_repeated_frequencies_together(dtype, seed):
+    """Q (RoPE + RoPE + 0) Q^T computed in dtype: the same 2 x 8 frequencies twice and a 3-D kernel."""
+    n = 35
+    basis, _ = torch.linalg.qr(torch.randn(n, n, dtype=torch.float64, generator=torch.Generator().manual_seed(seed)))
+    rope = groups.rope_generator(16, dtype=torch.float64)
+    block = torch.block_diag(rope, rope, torch.zeros(3, 3, dtype=torch.float64))
+    x = basis.to(dtype) @ block.to(dtype) @ basis.to(dtype).T
+    blocks = groups.classify_generator(x)
+    assert groups.families(blocks) == {"none": 3, "rotation": 32}
+    assert sorted(b.multiplicity for b in blocks) == [2] * 8 + [3]
+
+
+# the common torus of commuting skew generators ------------------------------------------------------------------
+def torus_generators(frequencies, seed=0, extra=0):
+    """Commuting skew generators Q (plus_j w_ij J) Q^T (+ an ``extra``-dimensional common kernel), Q random."""
+    n, planes = frequencies.shape
+    dim = 2 * planes + extra
+    basis, _ = torch.linalg.qr(torch.randn(dim, dim, dtype=torch.float64,
+                                           generator=torch.Generator().manual_seed(seed)))
+    j = torch.tensor([[0.0, -1.0], [1.0, 0.0]], dtype=torch.float64)
+    blocks = [torch.block_diag(*[w * j for w in frequencies[i]], torch.zeros(extra, extra, dtype=torch.float64))
+              for i in range(n)]
+    return torch.stack([basis @ b @ basis.T for b in blocks])
+
+
+@pytest.mark.parametrize("extra", [0, 1, 3])
+def test_common_torus_gives_one_linear_functional_per_plane(extra):
+    true = torch.randn(2, 5, dtype=torch.float64, generator=torch.Generator().manual_seed(extra))
+    generators = torus_generators(true, seed=extra, extra=extra)
+    basis, found = groups.common_torus(generators)
+    dim = generators.shape[-1]
+    assert found.shape == (2, 5)
+    assert torch.allclose(basis.T @ basis, torch.eye(dim, dtype=torch.float64), atol=1e-12)
+    # the same planes up to order and orientation: each found column is +- one true column
+    for column in found.T:
+        gaps = torch.minimum((true.T - column).abs().amax(1), (true.T + column).abs().amax(1))
+        assert gaps.min() < 1e-10
+    p = torch.tensor([2.0, -3.0], dtype=torch.float64)
+    turned = basis.T @ groups.multi_parameter_group(generators, p) @ basis
+    angle = torch.atan2(turned[1:10:2, 0:10:2].diagonal(), turned[0:10:2, 0:10:2].diagonal())
+    wrapped = torch.remainder(angle - p @ found + math.pi, 2 * math.pi) - math.pi  # angles are defined mod 2 pi
+    assert wrapped.abs().max() < 1e-10
+    assert torch.allclose(turned[10:, 10:], torch.eye(extra, dtype=torch.float64), atol=1e-12)
+
+
+def test_common_torus_bad_input():
+    with pytest.raises(ValueError, match="must be skew-symmetric"):
+        groups.common_torus(torch.stack([random_generator(), random_generator(seed=1)]))
+    with pytest.raises(ValueError, match="do not commute"):
+        groups.common_torus(random_skew_generators())
+    with pytest.raises(ValueError, match=r"generators must have shape \(n, D, D\)"):
+        groups.common_torus(torch.zeros(4, 4))
 
 
 # bad input ------------------------------------------------------------------------------------------------------
