@@ -203,6 +203,89 @@ def lie_rotation_matrices(positions, generators: torch.Tensor, sequential: bool 
     return result
 
 
+def mrope_frequencies(head_dim: int, sections, base: float = 10_000.0, interleaved: bool = False,
+                      device=None) -> torch.Tensor:
+    """M-RoPE frequency table ``(head_dim / 2, len(sections))``: pair ``j`` turns with one axis at ``theta_j``.
+
+    ``theta_j`` is the 1-D RoPE ladder of the *whole* head (``rope_frequencies(head_dim)``). ``sections`` gives the
+    number of pairs per axis (Qwen2-VL: ``(16, 24, 24)`` for time, height, width at ``head_dim = 128``) and must
+    sum to ``head_dim / 2``. ``interleaved=False``: the sections are contiguous, in order (Qwen2-VL, Qwen2.5-VL),
+    so the last axis gets the slowest pairs. ``interleaved=True``: pair ``j`` with ``j % 3 == a`` (``a = 1, 2``)
+    and ``j < 3 * sections[a]`` belongs to axis ``a``, every other pair to axis 0 (Qwen3-VL; three axes only).
+    """
+    require_int("head_dim", head_dim, minimum=2, even=True)
+    require_positive_number("base", base)
+    sections = [int(section) for section in sections] if isinstance(sections, (list, tuple)) else sections
+    if not isinstance(sections, list) or not sections or any(section < 0 for section in sections):
+        raise ValueError(f"sections must be a list of pair counts per axis, e.g. [16, 24, 24], got {sections!r}")
+    if sum(sections) != head_dim // 2:
+        raise ValueError(f"sections must sum to head_dim / 2 = {head_dim // 2} pairs, got {sections} "
+                         f"(sum {sum(sections)})")
+    if interleaved and len(sections) != 3:
+        raise ValueError(f"interleaved=True needs three sections (time, height, width), got {sections}")
+    magnitudes, _ = rope_frequencies(head_dim, {"rope_theta": float(base)}, device=device)
+    pairs = torch.arange(head_dim // 2, device=device)
+    if interleaved:
+        axis = torch.zeros_like(pairs)
+        for a in (1, 2):
+            axis[(pairs % 3 == a) & (pairs < 3 * sections[a])] = a
+    else:
+        axis = torch.repeat_interleave(torch.arange(len(sections), device=device),
+                                       torch.tensor(sections, device=device))
+    table = torch.zeros(head_dim // 2, len(sections), dtype=magnitudes.dtype, device=device)
+    table[pairs, axis] = magnitudes
+    return table
+
+
+def mrope_positions(segments, device=None) -> torch.Tensor:
+    """M-RoPE positions ``(L, 3)`` (time, height, width) of a sequence of text runs and images, as Qwen2-VL.
+
+    ``segments``: a list whose items are an ``int`` (that many text tokens) or a pair ``(h, w)`` (an image of
+    ``h x w`` tokens after patch merging, row-major). Text token ``i`` of the running count sits at ``(i, i, i)``;
+    an image starting at index ``s`` puts patch ``(r, c)`` at ``(s, s + r, s + c)``, and the text after it
+    continues at ``s + max(h, w)``.
+    """
+    if not isinstance(segments, (list, tuple)):
+        raise TypeError(f"segments must be a list of ints (text runs) and (h, w) pairs (images), got {segments!r}")
+    chunks, start = [], 0
+    for index, segment in enumerate(segments):
+        if isinstance(segment, int) and not isinstance(segment, bool):
+            require_int(f"segments[{index}]", segment, minimum=1)
+            run = torch.arange(segment, device=device) + start
+            chunks.append(run[:, None].expand(-1, 3))
+            start += segment
+        elif isinstance(segment, (list, tuple)) and len(segment) == 2:
+            height, width = segment
+            grid = grid_positions(1, height, width, device=device)
+            chunks.append(grid + start)
+            start += max(height, width)
+        else:
+            raise TypeError(f"segments[{index}] must be an int (text run) or an (h, w) pair (image), got {segment!r}")
+    if not chunks:
+        raise ValueError("segments must not be empty")
+    return torch.cat(chunks)
+
+
+def sincos_2d_encoding(positions, dim: int, base: float = 10_000.0, dtype: torch.dtype = torch.float32) -> torch.Tensor:
+    """The fixed 2-D sin-cos code of ViT/MAE, added to the patch embeddings: ``(L, 2)`` -> ``(L, dim)``.
+
+    Each coordinate gets a 1-D sinusoidal code of width ``dim / 2`` with frequencies ``base^(-i / (dim / 4))``,
+    laid out as ``[sin(p_0 w) | cos(p_0 w) | sin(p_1 w) | cos(p_1 w)]``; computed in float64, then cast.
+    """
+    require_int("dim", dim, minimum=4)
+    if dim % 4:
+        raise ValueError(f"dim must be a multiple of 4 (sin and cos for each of 2 axes), got {dim}")
+    require_positive_number("base", base)
+    positions = _check_positions(positions, 2, None)
+    if positions.ndim != 2:
+        raise ValueError(f"positions must have shape (L, 2), got {tuple(positions.shape)}")
+    quarter = dim // 4
+    omega = torch.arange(quarter, dtype=torch.float64, device=positions.device) / quarter
+    omega = 1.0 / float(base) ** omega  # (dim/4,)
+    first, second = (positions[:, axis].to(torch.float64)[:, None] * omega for axis in (0, 1))
+    return torch.cat([first.sin(), first.cos(), second.sin(), second.cos()], dim=1).to(dtype)
+
+
 class NDRoPE(PositionalEncoding):
     """N-D RoPE as a plug-in "qk" encoding for :func:`posenc.attention` (axial or mixed).
 
@@ -278,4 +361,4 @@ class NDRoPE(PositionalEncoding):
 
 __all__ = ["VARIANTS", "grid_positions", "directed_frequencies", "axial_frequencies", "mixed_frequencies",
            "nd_rope_angles", "nd_rope_cos_sin", "rotate_nd", "pair_planes", "plane_generator", "rope_generators",
-           "lie_rotation_matrices", "NDRoPE"]
+           "lie_rotation_matrices", "mrope_frequencies", "mrope_positions", "sincos_2d_encoding", "NDRoPE"]

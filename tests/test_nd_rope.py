@@ -204,3 +204,93 @@ def test_bad_input_names_the_argument():
         nd_rope.plane_generator(4, torch.tensor([[0, 0]]), torch.ones(1))
     with pytest.raises(ValueError, match="sizes"):
         nd_rope.grid_positions()
+
+
+def _qwen2_vl_rope_index(token_types, image_grids):
+    """transformers' own Qwen2-VL position ids (3, L) for one sequence, with patch merging already applied."""
+    import types
+
+    from transformers.models.qwen2_vl.modeling_qwen2_vl import Qwen2VLModel
+
+    owner = types.SimpleNamespace(config=types.SimpleNamespace(vision_config=types.SimpleNamespace(spatial_merge_size=1)))
+    owner.get_vision_position_ids = lambda *args, **kwargs: Qwen2VLModel.get_vision_position_ids(owner, *args, **kwargs)
+    token_types = torch.tensor([token_types])
+    position_ids, _ = Qwen2VLModel.get_rope_index(owner, torch.zeros_like(token_types), token_types,
+                                                  image_grid_thw=torch.tensor(image_grids))
+    return position_ids[:, 0]
+
+
+@pytest.mark.parametrize("segments", [[5, (3, 4), 6], [(2, 5), 3], [4, (4, 2), 1, (1, 3), 2]])
+def test_mrope_positions_equal_transformers_qwen2_vl(segments):
+    token_types, grids = [], []
+    for segment in segments:
+        if isinstance(segment, int):
+            token_types += [0] * segment
+        else:
+            token_types += [1] * (segment[0] * segment[1])
+            grids.append([1, *segment])
+    positions = nd_rope.mrope_positions(segments)
+    assert torch.equal(positions.T, _qwen2_vl_rope_index(token_types, grids))
+
+
+@pytest.mark.parametrize("interleaved", [False, True])
+def test_mrope_rotation_equals_transformers_bit_for_bit(interleaved):
+    import warnings
+
+    if interleaved:
+        from transformers.models.qwen3_vl.configuration_qwen3_vl import Qwen3VLTextConfig as Config
+        from transformers.models.qwen3_vl.modeling_qwen3_vl import Qwen3VLTextRotaryEmbedding as Rotary
+        sections, base = [24, 20, 20], 5_000_000.0
+    else:
+        from transformers.models.qwen2_vl.configuration_qwen2_vl import Qwen2VLTextConfig as Config
+        from transformers.models.qwen2_vl.modeling_qwen2_vl import Qwen2VLRotaryEmbedding as Rotary
+        sections, base = [16, 24, 24], 1_000_000.0
+    from transformers.models.llama.modeling_llama import apply_rotary_pos_emb
+
+    config = Config(hidden_size=256, num_attention_heads=2, head_dim=128,
+                    rope_parameters={"rope_type": "default", "rope_theta": base, "mrope_section": sections,
+                                     "mrope_interleaved": interleaved})
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        rotary = Rotary(config)
+    positions = nd_rope.mrope_positions([7, (5, 6), 4, (2, 3), 3])
+    q, k = torch.randn(2, 2, len(positions), 128), torch.randn(2, 2, len(positions), 128)
+    q_ref, k_ref = apply_rotary_pos_emb(q, k, *rotary(q, positions.T[:, None, :].expand(3, 2, -1)))
+    frequencies = nd_rope.mrope_frequencies(128, sections, base=base, interleaved=interleaved)
+    # same float32 products (p * theta plus exact zeros), same cos/sin, same rotation formula: equal bit for bit
+    assert torch.equal(nd_rope.rotate_nd(q, positions, frequencies), q_ref)
+    assert torch.equal(nd_rope.rotate_nd(k, positions, frequencies), k_ref)
+
+
+def test_mrope_on_text_is_one_dimensional_rope():
+    frequencies = nd_rope.mrope_frequencies(128, [16, 24, 24])
+    assert torch.equal(frequencies.sum(-1), posenc.rope_frequencies(128)[0])  # one axis per pair, the 1-D ladder
+    assert torch.equal((frequencies != 0).sum(0), torch.tensor([16, 24, 24]))
+    positions = nd_rope.mrope_positions([40])
+    x = torch.randn(3, 40, 128)
+    assert torch.equal(nd_rope.rotate_nd(x, positions, frequencies), posenc.rotate(x, torch.arange(40)))
+    interleaved = nd_rope.mrope_frequencies(128, [24, 20, 20], interleaved=True)
+    assert torch.equal((interleaved != 0).sum(0), torch.tensor([24, 20, 20]))
+    assert interleaved[:6].nonzero()[:, 1].tolist() == [0, 1, 2, 0, 1, 2]
+
+
+def test_sincos_2d_equals_transformers_vit_mae():
+    from transformers.models.vit_mae.modeling_vit_mae import build_2d_sinusoidal_position_embedding
+
+    for height, width, dim in ((5, 7, 64), (14, 14, 768)):
+        code = nd_rope.sincos_2d_encoding(nd_rope.grid_positions(height, width), dim)
+        # both compute the same float64 products, sin and cos, then cast: equal bit for bit
+        assert torch.equal(code, build_2d_sinusoidal_position_embedding(height, width, dim))
+
+
+def test_new_helpers_reject_bad_input():
+    with pytest.raises(ValueError, match="sections"):
+        nd_rope.mrope_frequencies(128, [16, 24, 23])
+    with pytest.raises(ValueError, match="interleaved"):
+        nd_rope.mrope_frequencies(128, [32, 32], interleaved=True)
+    with pytest.raises(TypeError, match="segments"):
+        nd_rope.mrope_positions([3, "image"])
+    with pytest.raises(ValueError, match="dim"):
+        nd_rope.sincos_2d_encoding(nd_rope.grid_positions(2, 2), 30)
+    with pytest.raises(ValueError, match="positions"):
+        nd_rope.sincos_2d_encoding(torch.arange(4), 32)
