@@ -359,6 +359,42 @@ class NDRoPE(PositionalEncoding):
                 f"layout={self.layout!r}, learnable={self.learnable}")
 
 
+def fit_score_map(variant: str, target: torch.Tensor, offsets: torch.Tensor, head_dim: int = 32,
+                  base: float = DEFAULT_BASE, steps: int = 200, lr: float = 0.05, seed: int = 0):
+    """Train a learnable :class:`NDRoPE` table and one content vector ``q`` (used as query and key) with Adam so that
+    the normalised score ``<R(0) q, R(o) q> / |q|^2`` of a query at the origin against a key at each offset ``o``
+    matches ``target`` in mean squared error.
+
+    ``offsets``: ``(N, n_axes)``; ``target``: ``(N,)``. The frequencies start from the generator seed ``seed``, the
+    content from ``seed + 1``. Returns ``(loss, score (N,), frequencies (P, n_axes), content (head_dim,))``.
+    """
+    require_tensor("target", target)
+    require_tensor("offsets", offsets)
+    if offsets.ndim != 2:
+        raise ValueError(f"offsets must have shape (N, n_axes), got {tuple(offsets.shape)}")
+    offsets = _check_positions(offsets, offsets.shape[-1], None)
+    if target.shape != offsets.shape[:1]:
+        raise ValueError(f"target must have shape (N,) = ({offsets.shape[0]},), got {tuple(target.shape)}")
+    require_int("steps", steps, minimum=1)
+    encoding = NDRoPE(head_dim, n_axes=offsets.shape[-1], variant=variant, base=base, learnable=True,
+                      generator=torch.Generator().manual_seed(seed))
+    content = torch.nn.Parameter(torch.randn(head_dim, generator=torch.Generator().manual_seed(seed + 1)))
+    optimizer = torch.optim.Adam([*encoding.parameters(), content], lr=lr)
+    origin = torch.zeros(1, offsets.shape[-1], dtype=offsets.dtype)
+    for _ in range(steps):
+        score = (encoding.rotate(content[None], origin) @ encoding.rotate(content.expand(len(offsets), -1), offsets).T)[0]
+        score = score / content.square().sum()
+        loss = (score - target).square().mean()
+        optimizer.zero_grad()
+        loss.backward()
+        optimizer.step()
+    with torch.no_grad():  # the score and loss of the final parameters
+        score = (encoding.rotate(content[None], origin) @ encoding.rotate(content.expand(len(offsets), -1), offsets).T)[0]
+        score = score / content.square().sum()
+        loss = (score - target).square().mean()
+    return loss.item(), score, encoding.frequencies.detach(), content.detach()
+
+
 __all__ = ["VARIANTS", "grid_positions", "directed_frequencies", "axial_frequencies", "mixed_frequencies",
            "nd_rope_angles", "nd_rope_cos_sin", "rotate_nd", "pair_planes", "plane_generator", "rope_generators",
-           "lie_rotation_matrices", "mrope_frequencies", "mrope_positions", "sincos_2d_encoding", "NDRoPE"]
+           "lie_rotation_matrices", "mrope_frequencies", "mrope_positions", "sincos_2d_encoding", "fit_score_map", "NDRoPE"]

@@ -294,3 +294,38 @@ def test_new_helpers_reject_bad_input():
         nd_rope.sincos_2d_encoding(nd_rope.grid_positions(2, 2), 30)
     with pytest.raises(ValueError, match="positions"):
         nd_rope.sincos_2d_encoding(torch.arange(4), 32)
+
+
+def _diagonal_task():
+    window = nd_rope.grid_positions(9, 9) - 4
+    return window, (window[:, 0] == window[:, 1]).float()
+
+
+@pytest.mark.parametrize("seed", [0, 10, 20, 30, 40])
+def test_learned_mixed_table_draws_the_diagonal_for_every_seed(seed):
+    # what chapter 7 asserts for one seed must hold across seeds, with a margin
+    window, stripe = _diagonal_task()
+    loss, score, learned, content = nd_rope.fit_score_map("mixed", stripe, window, base=10.0, seed=seed)
+    assert loss < 1e-3
+    alignment = (learned @ torch.tensor([1.0, -1.0]) / 2**0.5 / learned.norm(dim=-1)).abs()
+    share = content[:16].square() + content[16:].square()
+    share = share / share.sum()
+    assert (share * alignment).sum() > 0.95 and share[alignment < 0.9].sum() < 0.05
+
+
+def test_learned_axial_table_cannot_beat_the_additive_bound():
+    window, stripe = _diagonal_task()
+    table = stripe.reshape(9, 9)
+    bound = (table - table.mean(0) - table.mean(1, keepdim=True) + table.mean()).square().mean().item()
+    assert abs(bound - 8 / 81) < 1e-7
+    for seed in (0, 10):
+        loss, *_ = nd_rope.fit_score_map("axial", stripe, window, base=10.0, seed=seed)
+        assert loss >= bound - 1e-6
+
+
+def test_fit_score_map_rejects_bad_input():
+    window, stripe = _diagonal_task()
+    with pytest.raises(ValueError, match="target"):
+        nd_rope.fit_score_map("mixed", stripe[:5], window)
+    with pytest.raises(ValueError, match="variant"):
+        nd_rope.fit_score_map("diagonal", stripe, window)
