@@ -7,8 +7,8 @@ between a query at ``p`` and a key at ``p'`` depends on ``p' - p`` only, exactly
 * axial (RoPE-Axial): the pairs are split into ``n_axes`` equal groups and group ``a`` turns with coordinate
   ``a`` alone, with the 1-D RoPE frequencies of a head of size ``head_dim / n_axes``;
 * mixed (RoPE-Mixed, Heo et al. 2024): every pair turns with a mixture of the coordinates, ``f_j`` pointing in
-  any direction; usually learned. Here it starts as axial turned by one random orthogonal matrix (in 2-D: one
-  random angle, Heo et al.'s initialisation).
+  any direction; usually learned. Here it starts as axial turned by one random rotation (uniform on the rotation
+  group; in 2-D: one uniformly random angle, Heo et al.'s initialisation).
 
 Shapes used throughout:
 
@@ -81,14 +81,18 @@ def axial_frequencies(head_dim: int, n_axes: int = 2, base: float = DEFAULT_BASE
 
 def mixed_frequencies(head_dim: int, n_axes: int = 2, base: float = DEFAULT_BASE, generator=None,
                       device=None) -> torch.Tensor:
-    """RoPE-Mixed initialisation ``(P, n_axes)``: axial frequencies turned by one random orthogonal matrix.
+    """RoPE-Mixed initialisation ``(P, n_axes)``: axial frequencies turned by one random rotation.
 
+    The rotation is uniform (Haar) on the rotation group SO(n_axes), determinant +1, never a reflection; in 2-D it
+    is a turn by one uniformly random angle, as Heo et al. initialise RoPE-Mixed.
     ``generator``: a ``torch.Generator`` for reproducible draws (the global RNG otherwise).
     """
     require_int("n_axes", n_axes, minimum=1)
     gaussian = torch.randn(n_axes, n_axes, generator=generator, dtype=torch.float64)
     orthogonal, triangular = torch.linalg.qr(gaussian)
     orthogonal = orthogonal * torch.sign(torch.diagonal(triangular))  # uniform (Haar) among orthogonal matrices
+    if torch.linalg.det(orthogonal) < 0:  # a reflection: flipping one column gives a rotation, uniform on SO(n)
+        orthogonal[:, -1] = -orthogonal[:, -1]
     return directed_frequencies(head_dim, orthogonal.to(device=device, dtype=torch.float32), base)
 
 

@@ -49,6 +49,22 @@ def test_mixed_frequencies_turn_axial_ones_by_an_orthogonal_matrix(head_dim, n_a
     assert torch.equal(nd_rope.directed_frequencies(head_dim, torch.eye(n_axes)), axial)
 
 
+@pytest.mark.parametrize("n_axes", [1, 2, 3])
+def test_mixed_frequencies_turn_by_a_rotation_never_a_reflection(n_axes):
+    head_dim, group = 12 * n_axes, 6  # 6 pairs per axis
+    determinants = []
+    for seed in range(40):  # QR of a Gaussian gives a reflection for about half of the seeds
+        mixed = nd_rope.mixed_frequencies(head_dim, n_axes, generator=torch.Generator().manual_seed(seed))
+        directions = mixed[::group] / mixed[::group].norm(dim=-1, keepdim=True)  # row a: direction of group a
+        determinants.append(torch.linalg.det(directions.double()).item())
+    # float32 unit vectors: the determinant is +1 up to ~1e-6
+    assert all(abs(det - 1) < 1e-5 for det in determinants)
+    if n_axes == 2:  # a turn by angle a: group 0 along (cos a, sin a), group 1 along (-sin a, cos a)
+        mixed = nd_rope.mixed_frequencies(24, generator=torch.Generator().manual_seed(2))
+        first, second = mixed[0] / mixed[0].norm(), mixed[6] / mixed[6].norm()
+        assert torch.allclose(second, torch.stack((-first[1], first[0])), atol=1e-6)
+
+
 @pytest.mark.parametrize("layout", ["half", "interleaved"])
 @settings(max_examples=25, deadline=None)
 @given(start=st.integers(min_value=-10_000, max_value=10_000))
