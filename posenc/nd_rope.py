@@ -7,8 +7,8 @@ between a query at ``p`` and a key at ``p'`` depends on ``p' - p`` only, exactly
 * axial (RoPE-Axial): the pairs are split into ``n_axes`` equal groups and group ``a`` turns with coordinate
   ``a`` alone, with the 1-D RoPE frequencies of a head of size ``head_dim / n_axes``;
 * mixed (RoPE-Mixed, Heo et al. 2024): every pair turns with a mixture of the coordinates, ``f_j`` pointing in
-  any direction; usually learned. Here it starts as axial turned by one random orthogonal matrix (in 2-D: one
-  random angle, Heo et al.'s initialisation).
+  any direction; usually learned. Here it starts as axial turned by one random rotation (uniform on the rotation
+  group; in 2-D: one uniformly random angle, Heo et al.'s initialisation).
 
 Shapes used throughout:
 
@@ -81,14 +81,18 @@ def axial_frequencies(head_dim: int, n_axes: int = 2, base: float = DEFAULT_BASE
 
 def mixed_frequencies(head_dim: int, n_axes: int = 2, base: float = DEFAULT_BASE, generator=None,
                       device=None) -> torch.Tensor:
-    """RoPE-Mixed initialisation ``(P, n_axes)``: axial frequencies turned by one random orthogonal matrix.
+    """RoPE-Mixed initialisation ``(P, n_axes)``: axial frequencies turned by one random rotation.
 
+    The rotation is uniform (Haar) on the rotation group SO(n_axes), determinant +1, never a reflection; in 2-D it
+    is a turn by one uniformly random angle, as Heo et al. initialise RoPE-Mixed.
     ``generator``: a ``torch.Generator`` for reproducible draws (the global RNG otherwise).
     """
     require_int("n_axes", n_axes, minimum=1)
     gaussian = torch.randn(n_axes, n_axes, generator=generator, dtype=torch.float64)
     orthogonal, triangular = torch.linalg.qr(gaussian)
     orthogonal = orthogonal * torch.sign(torch.diagonal(triangular))  # uniform (Haar) among orthogonal matrices
+    if torch.linalg.det(orthogonal) < 0:  # a reflection: flipping one column gives a rotation, uniform on SO(n)
+        orthogonal[:, -1] = -orthogonal[:, -1]
     return directed_frequencies(head_dim, orthogonal.to(device=device, dtype=torch.float32), base)
 
 
@@ -203,6 +207,89 @@ def lie_rotation_matrices(positions, generators: torch.Tensor, sequential: bool 
     return result
 
 
+def mrope_frequencies(head_dim: int, sections, base: float = 10_000.0, interleaved: bool = False,
+                      device=None) -> torch.Tensor:
+    """M-RoPE frequency table ``(head_dim / 2, len(sections))``: pair ``j`` turns with one axis at ``theta_j``.
+
+    ``theta_j`` is the 1-D RoPE ladder of the *whole* head (``rope_frequencies(head_dim)``). ``sections`` gives the
+    number of pairs per axis (Qwen2-VL: ``(16, 24, 24)`` for time, height, width at ``head_dim = 128``) and must
+    sum to ``head_dim / 2``. ``interleaved=False``: the sections are contiguous, in order (Qwen2-VL, Qwen2.5-VL),
+    so the last axis gets the slowest pairs. ``interleaved=True``: pair ``j`` with ``j % 3 == a`` (``a = 1, 2``)
+    and ``j < 3 * sections[a]`` belongs to axis ``a``, every other pair to axis 0 (Qwen3-VL; three axes only).
+    """
+    require_int("head_dim", head_dim, minimum=2, even=True)
+    require_positive_number("base", base)
+    sections = [int(section) for section in sections] if isinstance(sections, (list, tuple)) else sections
+    if not isinstance(sections, list) or not sections or any(section < 0 for section in sections):
+        raise ValueError(f"sections must be a list of pair counts per axis, e.g. [16, 24, 24], got {sections!r}")
+    if sum(sections) != head_dim // 2:
+        raise ValueError(f"sections must sum to head_dim / 2 = {head_dim // 2} pairs, got {sections} "
+                         f"(sum {sum(sections)})")
+    if interleaved and len(sections) != 3:
+        raise ValueError(f"interleaved=True needs three sections (time, height, width), got {sections}")
+    magnitudes, _ = rope_frequencies(head_dim, {"rope_theta": float(base)}, device=device)
+    pairs = torch.arange(head_dim // 2, device=device)
+    if interleaved:
+        axis = torch.zeros_like(pairs)
+        for a in (1, 2):
+            axis[(pairs % 3 == a) & (pairs < 3 * sections[a])] = a
+    else:
+        axis = torch.repeat_interleave(torch.arange(len(sections), device=device),
+                                       torch.tensor(sections, device=device))
+    table = torch.zeros(head_dim // 2, len(sections), dtype=magnitudes.dtype, device=device)
+    table[pairs, axis] = magnitudes
+    return table
+
+
+def mrope_positions(segments, device=None) -> torch.Tensor:
+    """M-RoPE positions ``(L, 3)`` (time, height, width) of a sequence of text runs and images, as Qwen2-VL.
+
+    ``segments``: a list whose items are an ``int`` (that many text tokens) or a pair ``(h, w)`` (an image of
+    ``h x w`` tokens after patch merging, row-major). Text token ``i`` of the running count sits at ``(i, i, i)``;
+    an image starting at index ``s`` puts patch ``(r, c)`` at ``(s, s + r, s + c)``, and the text after it
+    continues at ``s + max(h, w)``.
+    """
+    if not isinstance(segments, (list, tuple)):
+        raise TypeError(f"segments must be a list of ints (text runs) and (h, w) pairs (images), got {segments!r}")
+    chunks, start = [], 0
+    for index, segment in enumerate(segments):
+        if isinstance(segment, int) and not isinstance(segment, bool):
+            require_int(f"segments[{index}]", segment, minimum=1)
+            run = torch.arange(segment, device=device) + start
+            chunks.append(run[:, None].expand(-1, 3))
+            start += segment
+        elif isinstance(segment, (list, tuple)) and len(segment) == 2:
+            height, width = segment
+            grid = grid_positions(1, height, width, device=device)
+            chunks.append(grid + start)
+            start += max(height, width)
+        else:
+            raise TypeError(f"segments[{index}] must be an int (text run) or an (h, w) pair (image), got {segment!r}")
+    if not chunks:
+        raise ValueError("segments must not be empty")
+    return torch.cat(chunks)
+
+
+def sincos_2d_encoding(positions, dim: int, base: float = 10_000.0, dtype: torch.dtype = torch.float32) -> torch.Tensor:
+    """The fixed 2-D sin-cos code of ViT/MAE, added to the patch embeddings: ``(L, 2)`` -> ``(L, dim)``.
+
+    Each coordinate gets a 1-D sinusoidal code of width ``dim / 2`` with frequencies ``base^(-i / (dim / 4))``,
+    laid out as ``[sin(p_0 w) | cos(p_0 w) | sin(p_1 w) | cos(p_1 w)]``; computed in float64, then cast.
+    """
+    require_int("dim", dim, minimum=4)
+    if dim % 4:
+        raise ValueError(f"dim must be a multiple of 4 (sin and cos for each of 2 axes), got {dim}")
+    require_positive_number("base", base)
+    positions = _check_positions(positions, 2, None)
+    if positions.ndim != 2:
+        raise ValueError(f"positions must have shape (L, 2), got {tuple(positions.shape)}")
+    quarter = dim // 4
+    omega = torch.arange(quarter, dtype=torch.float64, device=positions.device) / quarter
+    omega = 1.0 / float(base) ** omega  # (dim/4,)
+    first, second = (positions[:, axis].to(torch.float64)[:, None] * omega for axis in (0, 1))
+    return torch.cat([first.sin(), first.cos(), second.sin(), second.cos()], dim=1).to(dtype)
+
+
 class NDRoPE(PositionalEncoding):
     """N-D RoPE as a plug-in "qk" encoding for :func:`posenc.attention` (axial or mixed).
 
@@ -276,6 +363,42 @@ class NDRoPE(PositionalEncoding):
                 f"layout={self.layout!r}, learnable={self.learnable}")
 
 
+def fit_score_map(variant: str, target: torch.Tensor, offsets: torch.Tensor, head_dim: int = 32,
+                  base: float = DEFAULT_BASE, steps: int = 200, lr: float = 0.05, seed: int = 0):
+    """Train a learnable :class:`NDRoPE` table and one content vector ``q`` (used as query and key) with Adam so that
+    the normalised score ``<R(0) q, R(o) q> / |q|^2`` of a query at the origin against a key at each offset ``o``
+    matches ``target`` in mean squared error.
+
+    ``offsets``: ``(N, n_axes)``; ``target``: ``(N,)``. The frequencies start from the generator seed ``seed``, the
+    content from ``seed + 1``. Returns ``(loss, score (N,), frequencies (P, n_axes), content (head_dim,))``.
+    """
+    require_tensor("target", target)
+    require_tensor("offsets", offsets)
+    if offsets.ndim != 2:
+        raise ValueError(f"offsets must have shape (N, n_axes), got {tuple(offsets.shape)}")
+    offsets = _check_positions(offsets, offsets.shape[-1], None)
+    if target.shape != offsets.shape[:1]:
+        raise ValueError(f"target must have shape (N,) = ({offsets.shape[0]},), got {tuple(target.shape)}")
+    require_int("steps", steps, minimum=1)
+    encoding = NDRoPE(head_dim, n_axes=offsets.shape[-1], variant=variant, base=base, learnable=True,
+                      generator=torch.Generator().manual_seed(seed))
+    content = torch.nn.Parameter(torch.randn(head_dim, generator=torch.Generator().manual_seed(seed + 1)))
+    optimizer = torch.optim.Adam([*encoding.parameters(), content], lr=lr)
+    origin = torch.zeros(1, offsets.shape[-1], dtype=offsets.dtype)
+    for _ in range(steps):
+        score = (encoding.rotate(content[None], origin) @ encoding.rotate(content.expand(len(offsets), -1), offsets).T)[0]
+        score = score / content.square().sum()
+        loss = (score - target).square().mean()
+        optimizer.zero_grad()
+        loss.backward()
+        optimizer.step()
+    with torch.no_grad():  # the score and loss of the final parameters
+        score = (encoding.rotate(content[None], origin) @ encoding.rotate(content.expand(len(offsets), -1), offsets).T)[0]
+        score = score / content.square().sum()
+        loss = (score - target).square().mean()
+    return loss.item(), score, encoding.frequencies.detach(), content.detach()
+
+
 __all__ = ["VARIANTS", "grid_positions", "directed_frequencies", "axial_frequencies", "mixed_frequencies",
            "nd_rope_angles", "nd_rope_cos_sin", "rotate_nd", "pair_planes", "plane_generator", "rope_generators",
-           "lie_rotation_matrices", "NDRoPE"]
+           "lie_rotation_matrices", "mrope_frequencies", "mrope_positions", "sincos_2d_encoding", "fit_score_map", "NDRoPE"]

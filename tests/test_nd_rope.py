@@ -49,6 +49,22 @@ def test_mixed_frequencies_turn_axial_ones_by_an_orthogonal_matrix(head_dim, n_a
     assert torch.equal(nd_rope.directed_frequencies(head_dim, torch.eye(n_axes)), axial)
 
 
+@pytest.mark.parametrize("n_axes", [1, 2, 3])
+def test_mixed_frequencies_turn_by_a_rotation_never_a_reflection(n_axes):
+    head_dim, group = 12 * n_axes, 6  # 6 pairs per axis
+    determinants = []
+    for seed in range(40):  # QR of a Gaussian gives a reflection for about half of the seeds
+        mixed = nd_rope.mixed_frequencies(head_dim, n_axes, generator=torch.Generator().manual_seed(seed))
+        directions = mixed[::group] / mixed[::group].norm(dim=-1, keepdim=True)  # row a: direction of group a
+        determinants.append(torch.linalg.det(directions.double()).item())
+    # float32 unit vectors: the determinant is +1 up to ~1e-6
+    assert all(abs(det - 1) < 1e-5 for det in determinants)
+    if n_axes == 2:  # a turn by angle a: group 0 along (cos a, sin a), group 1 along (-sin a, cos a)
+        mixed = nd_rope.mixed_frequencies(24, generator=torch.Generator().manual_seed(2))
+        first, second = mixed[0] / mixed[0].norm(), mixed[6] / mixed[6].norm()
+        assert torch.allclose(second, torch.stack((-first[1], first[0])), atol=1e-6)
+
+
 @pytest.mark.parametrize("layout", ["half", "interleaved"])
 @settings(max_examples=25, deadline=None)
 @given(start=st.integers(min_value=-10_000, max_value=10_000))
@@ -204,3 +220,128 @@ def test_bad_input_names_the_argument():
         nd_rope.plane_generator(4, torch.tensor([[0, 0]]), torch.ones(1))
     with pytest.raises(ValueError, match="sizes"):
         nd_rope.grid_positions()
+
+
+def _qwen2_vl_rope_index(token_types, image_grids):
+    """transformers' own Qwen2-VL position ids (3, L) for one sequence, with patch merging already applied."""
+    import types
+
+    from transformers.models.qwen2_vl.modeling_qwen2_vl import Qwen2VLModel
+
+    owner = types.SimpleNamespace(config=types.SimpleNamespace(vision_config=types.SimpleNamespace(spatial_merge_size=1)))
+    owner.get_vision_position_ids = lambda *args, **kwargs: Qwen2VLModel.get_vision_position_ids(owner, *args, **kwargs)
+    token_types = torch.tensor([token_types])
+    position_ids, _ = Qwen2VLModel.get_rope_index(owner, torch.zeros_like(token_types), token_types,
+                                                  image_grid_thw=torch.tensor(image_grids))
+    return position_ids[:, 0]
+
+
+@pytest.mark.parametrize("segments", [[5, (3, 4), 6], [(2, 5), 3], [4, (4, 2), 1, (1, 3), 2]])
+def test_mrope_positions_equal_transformers_qwen2_vl(segments):
+    token_types, grids = [], []
+    for segment in segments:
+        if isinstance(segment, int):
+            token_types += [0] * segment
+        else:
+            token_types += [1] * (segment[0] * segment[1])
+            grids.append([1, *segment])
+    positions = nd_rope.mrope_positions(segments)
+    assert torch.equal(positions.T, _qwen2_vl_rope_index(token_types, grids))
+
+
+@pytest.mark.parametrize("interleaved", [False, True])
+def test_mrope_rotation_equals_transformers_bit_for_bit(interleaved):
+    import warnings
+
+    if interleaved:
+        from transformers.models.qwen3_vl.configuration_qwen3_vl import Qwen3VLTextConfig as Config
+        from transformers.models.qwen3_vl.modeling_qwen3_vl import Qwen3VLTextRotaryEmbedding as Rotary
+        sections, base = [24, 20, 20], 5_000_000.0
+    else:
+        from transformers.models.qwen2_vl.configuration_qwen2_vl import Qwen2VLTextConfig as Config
+        from transformers.models.qwen2_vl.modeling_qwen2_vl import Qwen2VLRotaryEmbedding as Rotary
+        sections, base = [16, 24, 24], 1_000_000.0
+    from transformers.models.llama.modeling_llama import apply_rotary_pos_emb
+
+    config = Config(hidden_size=256, num_attention_heads=2, head_dim=128,
+                    rope_parameters={"rope_type": "default", "rope_theta": base, "mrope_section": sections,
+                                     "mrope_interleaved": interleaved})
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        rotary = Rotary(config)
+    positions = nd_rope.mrope_positions([7, (5, 6), 4, (2, 3), 3])
+    q, k = torch.randn(2, 2, len(positions), 128), torch.randn(2, 2, len(positions), 128)
+    q_ref, k_ref = apply_rotary_pos_emb(q, k, *rotary(q, positions.T[:, None, :].expand(3, 2, -1)))
+    frequencies = nd_rope.mrope_frequencies(128, sections, base=base, interleaved=interleaved)
+    # same float32 products (p * theta plus exact zeros), same cos/sin, same rotation formula: equal bit for bit
+    assert torch.equal(nd_rope.rotate_nd(q, positions, frequencies), q_ref)
+    assert torch.equal(nd_rope.rotate_nd(k, positions, frequencies), k_ref)
+
+
+def test_mrope_on_text_is_one_dimensional_rope():
+    frequencies = nd_rope.mrope_frequencies(128, [16, 24, 24])
+    assert torch.equal(frequencies.sum(-1), posenc.rope_frequencies(128)[0])  # one axis per pair, the 1-D ladder
+    assert torch.equal((frequencies != 0).sum(0), torch.tensor([16, 24, 24]))
+    positions = nd_rope.mrope_positions([40])
+    x = torch.randn(3, 40, 128)
+    assert torch.equal(nd_rope.rotate_nd(x, positions, frequencies), posenc.rotate(x, torch.arange(40)))
+    interleaved = nd_rope.mrope_frequencies(128, [24, 20, 20], interleaved=True)
+    assert torch.equal((interleaved != 0).sum(0), torch.tensor([24, 20, 20]))
+    assert interleaved[:6].nonzero()[:, 1].tolist() == [0, 1, 2, 0, 1, 2]
+
+
+def test_sincos_2d_equals_transformers_vit_mae():
+    from transformers.models.vit_mae.modeling_vit_mae import build_2d_sinusoidal_position_embedding
+
+    for height, width, dim in ((5, 7, 64), (14, 14, 768)):
+        code = nd_rope.sincos_2d_encoding(nd_rope.grid_positions(height, width), dim)
+        # both compute the same float64 products, sin and cos, then cast: equal bit for bit
+        assert torch.equal(code, build_2d_sinusoidal_position_embedding(height, width, dim))
+
+
+def test_new_helpers_reject_bad_input():
+    with pytest.raises(ValueError, match="sections"):
+        nd_rope.mrope_frequencies(128, [16, 24, 23])
+    with pytest.raises(ValueError, match="interleaved"):
+        nd_rope.mrope_frequencies(128, [32, 32], interleaved=True)
+    with pytest.raises(TypeError, match="segments"):
+        nd_rope.mrope_positions([3, "image"])
+    with pytest.raises(ValueError, match="dim"):
+        nd_rope.sincos_2d_encoding(nd_rope.grid_positions(2, 2), 30)
+    with pytest.raises(ValueError, match="positions"):
+        nd_rope.sincos_2d_encoding(torch.arange(4), 32)
+
+
+def _diagonal_task():
+    window = nd_rope.grid_positions(9, 9) - 4
+    return window, (window[:, 0] == window[:, 1]).float()
+
+
+@pytest.mark.parametrize("seed", [0, 10, 20, 30, 40])
+def test_learned_mixed_table_draws_the_diagonal_for_every_seed(seed):
+    # what chapter 7 asserts for one seed must hold across seeds, with a margin
+    window, stripe = _diagonal_task()
+    loss, score, learned, content = nd_rope.fit_score_map("mixed", stripe, window, base=10.0, seed=seed)
+    assert loss < 1e-3
+    alignment = (learned @ torch.tensor([1.0, -1.0]) / 2**0.5 / learned.norm(dim=-1)).abs()
+    share = content[:16].square() + content[16:].square()
+    share = share / share.sum()
+    assert (share * alignment).sum() > 0.95 and share[alignment < 0.9].sum() < 0.05
+
+
+def test_learned_axial_table_cannot_beat_the_additive_bound():
+    window, stripe = _diagonal_task()
+    table = stripe.reshape(9, 9)
+    bound = (table - table.mean(0) - table.mean(1, keepdim=True) + table.mean()).square().mean().item()
+    assert abs(bound - 8 / 81) < 1e-7
+    for seed in (0, 10):
+        loss, *_ = nd_rope.fit_score_map("axial", stripe, window, base=10.0, seed=seed)
+        assert loss >= bound - 1e-6
+
+
+def test_fit_score_map_rejects_bad_input():
+    window, stripe = _diagonal_task()
+    with pytest.raises(ValueError, match="target"):
+        nd_rope.fit_score_map("mixed", stripe[:5], window)
+    with pytest.raises(ValueError, match="variant"):
+        nd_rope.fit_score_map("diagonal", stripe, window)
