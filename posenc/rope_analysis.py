@@ -2,7 +2,8 @@
 
 Conventions: a query at position ``m`` and a key at ``n`` are ``distance = m - n`` apart (positive for keys in
 the past). The RoPE logit is ``<R(m) q, R(n) k> = q^T R(n - m) k``; pair ``i``, written as the complex numbers
-``z_q = q_a + i q_b`` and ``z_k = k_a + i k_b``, contributes ``Re(conj(z_q) z_k exp(-i distance theta_i))``.
+``z_q = q_a + i q_b`` and ``z_k = k_a + i k_b``, contributes ``Re(z_q conj(z_k) exp(i distance theta_i))``
+(RoFormer's convention, as chapter 6 writes it).
 """
 from __future__ import annotations
 
@@ -35,7 +36,7 @@ def relative_upper_bound(distances, inv_freq: torch.Tensor) -> torch.Tensor:
 
     ``distances``: ``(N,)``; ``inv_freq``: ``(P,)`` (``P = d / 2``). Returns ``(N,)`` float64. The logit of a
     query and a key ``distance`` apart is at most ``max_i |h_{i+1} - h_i|`` times ``P`` times this value
-    (Abel summation, Su et al. 2021, section 3.4.3), where ``h_i = conj(z_q) z_k`` per pair.
+    (Abel summation, Su et al. 2021, section 3.4.3), where ``h_i = z_q conj(z_k)`` per pair.
     """
     inv_freq = _check_inv_freq(inv_freq)
     distances = _as_float64("distances", distances, inv_freq.device)
@@ -69,9 +70,9 @@ def pair_logit_contributions(q: torch.Tensor, k: torch.Tensor, distances, inv_fr
     distances = _as_float64("distances", distances, q.device)
     if distances.ndim != 1:
         raise ValueError(f"distances must have shape (N,), got {tuple(distances.shape)}")
-    product = _as_complex_pairs(q, layout).conj() * _as_complex_pairs(k, layout)  # (..., P)
+    product = _as_complex_pairs(q, layout) * _as_complex_pairs(k, layout).conj()  # (..., P)
     turn = torch.polar(torch.ones((), dtype=torch.float64, device=q.device),
-                       -distances[:, None] * inv_freq.to(q.device).double())  # (N, P)
+                       distances[:, None] * inv_freq.to(q.device).double())  # (N, P)
     return (product[..., None, :] * turn).real
 
 
