@@ -1,6 +1,7 @@
 """posenc.geometry: positional distributions, Hellinger distances, classical MDS, stress, ranks."""
 import math
 
+import mpmath
 import pytest
 import torch
 from hypothesis import given, settings
@@ -82,8 +83,70 @@ def test_hellinger_properties_and_chord_identity(seed, n, vocab):
 def test_hellinger_extremes():
     distributions = torch.tensor([[0.5, 0.5, 0, 0], [0, 0, 0.3, 0.7], [0.5, 0.5, 0, 0]], dtype=torch.float64)
     distances = geometry.hellinger_distances(distributions)
-    assert distances[0, 1] == 1 and distances[1, 2] == 1  # disjoint supports
-    assert distances[0, 2] == 0  # identical rows
+    # disjoint supports: H^2 = (s_0 + s_1) / 2 with s the row sums, exact up to the rounding of 0.3 + 0.7
+    assert abs(float(distances[0, 1]) - 1) <= 2**-52 and abs(float(distances[1, 2]) - 1) <= 2**-52
+    # identical rows: exactly 0 by construction (every term p_w - q_w is 0), whatever the BLAS path
+    assert distances[0, 2] == 0 and distances[2, 0] == 0
+
+
+def mp_hellinger(p, q):
+    """The Hellinger distance of the float64 inputs, ||sqrt p - sqrt q|| / sqrt 2, in 60-digit arithmetic."""
+    with mpmath.workdps(60):
+        total = mpmath.fsum((mpmath.sqrt(mpmath.mpf(a)) - mpmath.sqrt(mpmath.mpf(b))) ** 2
+                            for a, b in zip(p.tolist(), q.tolist()))
+        return mpmath.sqrt(total / 2)
+
+
+@settings(max_examples=20, deadline=None)
+@given(SEEDS, st.sampled_from([1e-2, 1e-5, 1e-8, 1e-11, 1e-14]))
+def test_hellinger_of_near_identical_rows_is_accurate_to_a_few_ulps(seed, size):
+    generator = torch.Generator().manual_seed(seed)
+    p = torch.rand(60, generator=generator, dtype=torch.float64) + 0.01
+    p /= p.sum()
+    q = p * (1 + size * torch.randn(60, generator=generator, dtype=torch.float64))
+    q /= q.sum()
+    distances = geometry.hellinger_distances(torch.stack([p, q, p]))
+    assert distances[0, 2] == 0  # identical rows: exactly 0 by construction
+    reference = mp_hellinger(p, q)
+    if reference == 0:
+        assert distances[0, 1] == 0
+        return
+    # each term (p - q) / (sqrt p + sqrt q) squared carries ~6 ulps, the sum of 60 positive terms adds at most
+    # ~6 more (pairwise), halving and the root halve the relative error: 16 ulps is a safe bound
+    relative = abs(mpmath.mpf(float(distances[0, 1])) - reference) / reference
+    assert relative <= 16 * 2**-53, float(relative)
+
+
+@settings(max_examples=15, deadline=None)
+@given(SEEDS, st.integers(2, 8))
+def test_hellinger_of_distant_rows_matches_the_reference(seed, n):
+    distributions = random_distributions(n, 50, seed, sparsity=0.3)
+    distances = geometry.hellinger_distances(distributions)
+    for i in range(n):
+        for j in range(i + 1, n):
+            reference = mp_hellinger(distributions[i], distributions[j])
+            # pairs with H^2 >= 1/16 come from the Gram matrix: its absolute error is at most ~V ulps of the
+            # overlap (a sum of V = 50 non-negative products, each rounded twice), i.e. relative error of H at most
+            # 8 * 2 * 50 ulps; recomputed pairs are far better
+            assert abs(mpmath.mpf(float(distances[i, j])) - reference) <= 800 * 2**-53 * reference
+
+
+def test_hellinger_recomputes_close_pairs_in_a_large_table():
+    generator = torch.Generator().manual_seed(0)
+    base = torch.rand(1, 5000, generator=generator, dtype=torch.float64)
+    table = base * (1 + 1e-9 * torch.randn(6, 5000, generator=generator, dtype=torch.float64))
+    table = torch.cat([table, torch.rand(2, 5000, generator=generator, dtype=torch.float64)])
+    table /= table.sum(dim=1, keepdim=True)
+    distances = geometry.hellinger_distances(table)
+    for i, j in [(0, 1), (2, 5), (1, 4)]:
+        reference = mp_hellinger(table[i], table[j])
+        # close pairs (H ~ 1e-9): 1 - overlap would be wrong by ~1e-7 relative or more; the term-by-term form is
+        # within the 16 ulps derived in the test above
+        assert abs(mpmath.mpf(float(distances[i, j])) - reference) <= 16 * 2**-53 * reference, (i, j)
+    assert 1e-11 < float(distances[0, 1]) < 1e-8
+    for i, j in [(0, 7), (6, 7)]:  # distant pairs from the Gram matrix: relative error <= 8 * 2 * V ulps (V = 5000)
+        reference = mp_hellinger(table[i], table[j])
+        assert abs(mpmath.mpf(float(distances[i, j])) - reference) <= 8 * 2 * 5000 * 2**-53 * reference, (i, j)
 
 
 @settings(max_examples=15, deadline=None)
