@@ -322,3 +322,122 @@ def test_toeplitz_projection_fixes_toeplitz_matrices_and_bounds_shift_invariant_
 def test_bad_input_names_the_argument(call, error, name):
     with pytest.raises(error, match=name.replace("[", r"\[").replace("]", r"\]")):
         call()
+
+
+# criteria beyond ratio stress -----------------------------------------------------------------------------------
+def pair_vector(matrix):
+    rows, cols = torch.triu_indices(len(matrix), len(matrix), 1)
+    return matrix[rows, cols]
+
+
+@settings(max_examples=25, deadline=None)
+@given(SEEDS, st.floats(-3, 3), st.floats(1e-2, 1e2))
+def test_affine_stress_is_the_least_squares_line_and_equals_the_correlation_form(seed, offset, factor):
+    generator = torch.Generator().manual_seed(seed)
+    delta = geometry.pairwise_distances(torch.randn(9, 3, generator=generator, dtype=torch.float64))
+    target = geometry.hellinger_distances(random_distributions(9, 12, seed))
+    value, (a, c) = geometry.affine_stress(delta, target, return_fit=True)
+    r = geometry.distance_correlation(delta, target)
+    x, y = pair_vector(delta), pair_vector(target)
+    slope, intercept = torch.linalg.lstsq(torch.stack([x, torch.ones_like(x)], 1), y[:, None]).solution[:, 0]
+    # sqrt(1 - r^2) cancels for r near 1: compare squares, whose error is a few ulps of 1
+    assert abs(float(value) ** 2 - (1 - max(float(r), 0) ** 2)) < 1e-12
+    if float(slope) > 0:
+        assert torch.allclose(torch.stack([a, c]), torch.stack([intercept, slope]), rtol=1e-9, atol=1e-12)
+    else:
+        assert float(c) == 0 and float(value) == pytest.approx(1.0, abs=1e-12)
+    # invariant under an increasing affine map of the encoding's distances (within round-off of the refit)
+    shifted = (offset + 3.5) * (1 - torch.eye(9, dtype=torch.float64)) + factor * delta
+    assert torch.allclose(geometry.affine_stress(shifted, target), value, atol=1e-9)
+    assert torch.allclose(geometry.distance_correlation(shifted, target), r, atol=1e-12)
+
+
+def test_affine_stress_of_an_anticorrelated_encoding_is_one():
+    target = geometry.pairwise_distances(torch.arange(6, dtype=torch.float64)[:, None])
+    reversed_distances = (10 - target).fill_diagonal_(0)
+    assert float(geometry.distance_correlation(reversed_distances, target)) == pytest.approx(-1, abs=1e-12)
+    assert float(geometry.affine_stress(reversed_distances, target)) == pytest.approx(1, abs=1e-12)
+
+
+@settings(max_examples=40, deadline=None)
+@given(st.lists(st.floats(-100, 100), min_size=1, max_size=60), SEEDS)
+def test_isotonic_regression_matches_sklearn(values, seed):
+    from sklearn.isotonic import IsotonicRegression
+    values = torch.tensor(values, dtype=torch.float64)
+    weights = torch.rand(len(values), generator=torch.Generator().manual_seed(seed), dtype=torch.float64) + 0.1
+    for w in (None, weights):
+        fit = geometry.isotonic_regression(values, w)
+        assert bool((fit[1:] >= fit[:-1]).all())
+        expected = IsotonicRegression().fit_transform(torch.arange(len(values)).numpy(), values.numpy(),
+                                                      sample_weight=None if w is None else w.numpy())
+        # block means of at most 60 values of size <= 100: a few ulps of 100 per value
+        assert torch.allclose(fit, torch.from_numpy(expected), rtol=0, atol=1e-11)
+
+
+def test_isotonic_regression_by_hand():
+    fit = geometry.isotonic_regression(torch.tensor([1.0, 3.0, 2.0, 4.0, 0.0, 5.0]))
+    assert torch.allclose(fit, torch.tensor([1, 2.25, 2.25, 2.25, 2.25, 5], dtype=torch.float64), atol=1e-15)
+    increasing = torch.tensor([0.5, 1.0, 7.0])
+    assert torch.equal(geometry.isotonic_regression(increasing), increasing.double())  # already monotone: untouched
+
+
+@settings(max_examples=20, deadline=None)
+@given(SEEDS)
+def test_nonmetric_stress_depends_only_on_the_order_of_the_target(seed):
+    generator = torch.Generator().manual_seed(seed)
+    delta = geometry.pairwise_distances(torch.randn(10, 2, generator=generator, dtype=torch.float64))
+    target = geometry.hellinger_distances(random_distributions(10, 15, seed))
+    for formula in (1, 2):
+        value, disparities = geometry.nonmetric_stress(delta, target, formula, return_disparities=True)
+        order = torch.argsort(pair_vector(target))
+        assert bool((disparities[order].diff() >= 0).all())  # disparities are monotone in the target
+        # exp is increasing, so it keeps the order (ties cannot appear: it is injective on these values)
+        assert torch.allclose(geometry.nonmetric_stress(delta, target.exp() - 1, formula), value, atol=1e-12)
+        assert torch.allclose(geometry.nonmetric_stress(7 * delta, target, formula), value, atol=1e-12)
+    assert 0 <= float(geometry.nonmetric_stress(delta, target)) <= 1
+
+
+def test_nonmetric_stress_extremes():
+    target = geometry.hellinger_distances(random_distributions(8, 10, 1))
+    monotone = target.square() + 2 * target  # an increasing function of the target: a perfect order
+    assert float(geometry.nonmetric_stress(monotone, target)) < 1e-15
+    equidistant = 1 - torch.eye(8, dtype=torch.float64)
+    assert float(geometry.nonmetric_stress(equidistant, target)) == 0  # constant disparities equal delta exactly
+    with pytest.raises(ValueError, match="stress-2"):
+        geometry.nonmetric_stress(equidistant, target, formula=2)
+    # ties in the target share one disparity (secondary approach)
+    line = geometry.pairwise_distances(torch.arange(5, dtype=torch.float64)[:, None])
+    delta = geometry.pairwise_distances(torch.randn(5, 2, dtype=torch.float64, generator=torch.Generator().manual_seed(4)))
+    _, disparities = geometry.nonmetric_stress(delta, line, return_disparities=True)
+    offsets = pair_vector(line)
+    for offset in range(1, 5):
+        tied = disparities[offsets == offset]
+        assert torch.allclose(tied, tied[:1].expand_as(tied), atol=1e-15)
+
+
+# the positional separation theorem, smallest case ----------------------------------------------------------------
+def test_position_predictor_reaches_the_entropy_and_separates_different_positions():
+    distributions = torch.tensor([[0.4, 0.3, 0.2, 0.1], [0.1, 0.2, 0.3, 0.4], [0.25, 0.25, 0.25, 0.25],
+                                  [0.7, 0.1, 0.1, 0.1]], dtype=torch.float64)
+    for seed in range(3):
+        fit = geometry.fit_position_predictor(distributions, dim=3, seed=seed, max_iter=100)
+        assert fit.loss >= fit.entropy - 1e-12 and fit.loss - fit.entropy < 1e-9
+        logits = fit.embeddings @ fit.readout.T + fit.bias
+        assert torch.allclose(torch.softmax(logits, 1), distributions, atol=1e-4)
+        distances = geometry.pairwise_distances(fit.embeddings)
+        assert float(distances[~torch.eye(4, dtype=torch.bool)].min()) > 0.1
+
+
+@pytest.mark.parametrize("call, error, name", [
+    (lambda: geometry.isotonic_regression(torch.ones(2, 2)), ValueError, "values"),
+    (lambda: geometry.isotonic_regression(torch.ones(3), torch.zeros(3)), ValueError, "weights"),
+    (lambda: geometry.isotonic_regression(torch.ones(3), torch.ones(2)), ValueError, "weights"),
+    (lambda: geometry.nonmetric_stress(1 - torch.eye(3), 1 - torch.eye(3), formula=3), ValueError, "formula"),
+    (lambda: geometry.affine_stress(1 - torch.eye(3), 1 - torch.eye(3)), ValueError, "distances"),
+    (lambda: geometry.distance_correlation(1 - torch.eye(3), 1 - torch.eye(3)), ValueError, "constant"),
+    (lambda: geometry.fit_position_predictor(torch.tensor([[1.0, 0.0], [0.5, 0.5]]), 2), ValueError, "positive"),
+    (lambda: geometry.fit_position_predictor(torch.full((2, 2), 0.5), 0), ValueError, "dim"),
+])
+def test_bad_input_of_the_criteria_names_the_argument(call, error, name):
+    with pytest.raises(error, match=name):
+        call()
