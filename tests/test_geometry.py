@@ -32,6 +32,8 @@ def test_counts_of_a_tiny_corpus_by_hand():
     sequences = [torch.tensor([2, 0, 1]), torch.tensor([2, 1]), torch.tensor([0])]
     counts = geometry.position_token_counts(sequences, vocab_size=3)
     expected = torch.tensor([[1.0, 0.0, 2.0], [1.0, 1.0, 0.0], [0.0, 1.0, 0.0]], dtype=torch.float64)
+    # exact by construction here and below: counts are small integers (exact in float64), and the distributions
+    # are the same IEEE division of the same numbers
     assert counts.dtype == torch.float64 and torch.equal(counts, expected)
     distributions = geometry.positional_distributions(sequences, vocab_size=3)
     assert torch.equal(distributions, expected / expected.sum(dim=1, keepdim=True))
@@ -52,6 +54,7 @@ def test_distributions_match_a_python_loop_and_both_input_forms(seed):
     for row, sequence in enumerate(sequences):
         padded[row, : len(sequence)] = sequence
     lengths = torch.tensor([len(s) for s in sequences])
+    # exact: integer counts do not depend on the order of accumulation, then the same division
     assert torch.equal(geometry.positional_distributions(padded, vocab, lengths=lengths), from_list)
     assert torch.allclose(from_list.sum(dim=1), torch.ones(n, dtype=torch.float64))
 
@@ -70,6 +73,7 @@ def test_hellinger_properties_and_chord_identity(seed, n, vocab):
     distributions = random_distributions(n, vocab, seed)
     distances = geometry.hellinger_distances(distributions)
     assert distances.shape == (n, n) and distances.dtype == torch.float64
+    # exact by construction: the diagonal is set to 0, and both triangles are written from the same numbers
     assert torch.equal(distances.diagonal(), torch.zeros(n, dtype=torch.float64))
     assert torch.equal(distances, distances.T)
     assert float(distances.min()) >= 0 and float(distances.max()) <= 1
@@ -247,6 +251,7 @@ def test_stress_is_scale_invariant_and_equals_the_cosine_form(seed, factor):
 
 def test_stress_of_a_constant_encoding_is_one_and_of_the_target_itself_zero():
     target = geometry.hellinger_distances(random_distributions(8, 10, 5))
+    # exact: all delta are 0, so c = 0 and the ratio is x / x = 1 in IEEE arithmetic
     assert float(geometry.stress(torch.ones(8, 3, dtype=torch.float64), target)) == 1.0
     assert float(geometry.stress_of_distances(target, target)) < 1e-12
 
@@ -256,7 +261,8 @@ def test_kernel_distances_of_a_gram_matrix_are_euclidean():
     assert torch.allclose(geometry.kernel_distances(encoding @ encoding.T), geometry.pairwise_distances(encoding),
                           atol=1e-7)
     skew = torch.randn(9, 9, dtype=torch.float64, generator=torch.Generator().manual_seed(3))
-    assert torch.allclose(geometry.kernel_distances(skew), geometry.kernel_distances(skew.T), atol=0)
+    # exact: the symmetric part (K + K^T) / 2 is the same sums in either order (addition commutes in IEEE)
+    assert torch.allclose(geometry.kernel_distances(skew), geometry.kernel_distances(skew.T), atol=0, rtol=0)
 
 
 def test_float32_input_is_computed_in_float64():
