@@ -194,6 +194,9 @@ def double_centered_gram(distances: torch.Tensor) -> torch.Tensor:
     """``B = -1/2 J D^2 J`` with ``J = I - 11^T/n``: the Gram matrix of centred points with distances ``D``, ``(n, n)``.
 
     ``B`` is positive semidefinite exactly when ``D`` is a Euclidean distance matrix (Schoenberg / Torgerson).
+    Double centring subtracts means of ``D^2`` from its entries, so ``B`` carries an absolute error of a few ulps of
+    ``max D^2`` (times ``log n``): eigenvalues below that are round-off, which is why :func:`effective_rank`
+    counts relative to the largest eigenvalue with a tolerance far above ``n`` ulps.
     """
     squared = _distance_matrix("distances", distances).square()
     centred = squared - squared.mean(dim=0, keepdim=True) - squared.mean(dim=1, keepdim=True) + squared.mean()
@@ -269,6 +272,9 @@ def kernel_distances(kernel: torch.Tensor) -> torch.Tensor:
 
     ``S = (K + K^T) / 2`` is the symmetric part (a score kernel need not be symmetric). For ``K = E E^T`` this is
     exactly ``||e_i - e_j||``; for a kernel that is not positive semidefinite the result is only distance-like.
+    The difference under the root cancels for close points: its absolute error is a few ulps of ``max |K|``, so a
+    distance much below ``sqrt(eps * max |K|)`` is not resolved (use :func:`pairwise_distances` when the vectors
+    are at hand).
     """
     kernel = _float_matrix("kernel", kernel, square=True)
     symmetric = (kernel + kernel.T) / 2
