@@ -4,9 +4,13 @@ A reconstruction of the pipeline of "On the Geometry of Positional Encodings in 
 whose exact Algorithm 1 and stress formula were not available:
 
 1. ``P_i(w)``: the frequency of token ``w`` at position ``i`` of a tokenised corpus (:func:`positional_distributions`);
-2. ``H(P_i, P_j) = sqrt(1 - sum_w sqrt(P_i(w) P_j(w)))``, the Hellinger distance (:func:`hellinger_distances`);
+2. ``H(P_i, P_j) = ||sqrt(P_i) - sqrt(P_j)|| / sqrt(2)``, the Hellinger distance, computed without cancellation
+   (:func:`hellinger_distances`);
 3. ``B = -1/2 J D^2 J`` and its top eigenvectors scaled by ``sqrt(eigenvalue)`` (:func:`classical_mds`);
-4. the stress of any encoding against ``D`` with a fitted scale (:func:`stress`, :func:`stress_of_distances`);
+4. the fit of any encoding to ``D`` under several criteria: metric ratio stress with a fitted scale
+   (:func:`stress`, :func:`stress_of_distances`), offset-aware stress and correlation (:func:`affine_stress`,
+   :func:`distance_correlation`), and Kruskal's non-metric stress via isotonic regression (:func:`nonmetric_stress`,
+   :func:`isotonic_regression`);
 5. the best distances that depend only on ``|i - j|`` (:func:`toeplitz_projection`): a floor for the stress of
    every shift-invariant encoding;
 6. the rank of ``B`` (:func:`effective_rank`, :func:`entropy_effective_rank`) and the ``r (n + d)``-parameter
@@ -127,32 +131,72 @@ def _distance_matrix(name: str, value) -> torch.Tensor:
     return (distances + distances.T) / 2
 
 
-def hellinger_distances(distributions: torch.Tensor) -> torch.Tensor:
-    """``H[i, j] = sqrt(1 - sum_w sqrt(P_i(w) P_j(w)))`` for the rows of ``distributions`` ``(n, V)``: ``(n, n)``.
+# Pairs whose Gram estimate of H^2 is below this are recomputed term by term (see hellinger_distances).
+_NEAR = 1.0 / 16
+_CHUNK = 2**21  # elements per block of the term-by-term recomputation (16 MB of float64)
 
-    Rows must be probability vectors (non-negative, summing to 1 within 1e-6). Computed as one product
-    ``sqrt(P) @ sqrt(P).T`` over the tokens that occur at all; the Bhattacharyya coefficient is clamped to
-    ``[0, 1]`` against round-off, and the diagonal is exactly 0. ``H`` lies in ``[0, 1]`` and equals
-    ``||sqrt(P_i) - sqrt(P_j)|| / sqrt(2)``: a Euclidean (chord) distance between points of the unit sphere.
+
+def _squared_chords(values: torch.Tensor, roots: torch.Tensor, rows: torch.Tensor, cols: torch.Tensor) -> torch.Tensor:
+    """``1/2 sum_w (sqrt(p_w) - sqrt(q_w))^2`` for the row pairs ``(rows[k], cols[k])``, ``(K,)``, without cancellation.
+
+    Each difference is formed as ``(p_w - q_w) / (sqrt(p_w) + sqrt(q_w))``: ``p_w - q_w`` is exact when the two lie
+    within a factor 2 (Sterbenz), so every term has a relative error of a few ulps and the sum of non-negative terms
+    keeps it. Terms where both are 0 are 0.
+    """
+    out = torch.empty(len(rows), dtype=FLOAT, device=values.device)
+    step = max(1, _CHUNK // max(values.shape[1], 1))
+    for start in range(0, len(rows), step):
+        a, b = rows[start:start + step], cols[start:start + step]
+        denominator = roots[a] + roots[b]
+        terms = (values[a] - values[b]) / torch.where(denominator > 0, denominator, 1.0)
+        out[start:start + step] = terms.square_().sum(dim=1) / 2
+    return out
+
+
+def hellinger_distances(distributions: torch.Tensor) -> torch.Tensor:
+    """``H[i, j] = ||sqrt(P_i) - sqrt(P_j)|| / sqrt(2)`` for the rows of ``distributions`` ``(n, V)``: ``(n, n)``.
+
+    For probability vectors this equals ``sqrt(1 - sum_w sqrt(P_i(w) P_j(w)))``, but that form loses half its digits
+    where distances are small (``1 - overlap`` cancels, and the square root doubles the relative error), so it is
+    not used. Rows must be probability vectors (non-negative, summing to 1 within 1e-6).
+
+    Computation: first ``H^2 = (s_i + s_j)/2 - sqrt(P_i) . sqrt(P_j)`` (``s`` the row sums) for all pairs with one
+    matrix product over the tokens that occur at all; its absolute error is the product's rounding error ``eps``
+    (about 1e-14 on a (512, 30522) corpus table), so for pairs with ``H^2 >= 1/16`` the relative error of ``H`` is
+    at most ``8 eps``. Every pair below 1/16 is recomputed term by term (:func:`_squared_chords`), with a relative
+    error of a few ulps; identical rows give exactly 0 on every CPU. The diagonal is 0, ``H`` is symmetric and lies
+    in ``[0, 1]``: a Euclidean (chord) distance between points of the unit sphere, divided by ``sqrt(2)``.
+    The recomputation costs ``O(V)`` per close pair: a table whose rows are nearly all alike is slower.
     """
     distributions = _float_matrix("distributions", distributions)
     if bool((distributions < 0).any()):
         raise ValueError("distributions must be non-negative (rows are probability vectors)")
-    if float((distributions.sum(dim=1) - 1).abs().max()) > 1e-6:
+    sums = distributions.sum(dim=1)
+    if float((sums - 1).abs().max()) > 1e-6:
         raise ValueError("distributions must have rows that sum to 1 (probability vectors)")
     observed = (distributions > 0).any(dim=0)
-    roots = distributions[:, observed].sqrt_()  # boolean indexing made a copy: take its root in place
+    values = distributions[:, observed]
+    roots = values.sqrt()
     overlap = roots @ roots.T
-    overlap = ((overlap + overlap.T) / 2).clamp_(0.0, 1.0)
-    distances = (1.0 - overlap).sqrt_()
-    distances.fill_diagonal_(0.0)
-    return distances
+    squared = ((sums[:, None] + sums[None, :]) / 2 - (overlap + overlap.T) / 2).clamp_(0.0, 1.0)
+    rows, cols = torch.triu_indices(len(values), len(values), 1, device=values.device)
+    near = squared[rows, cols] < _NEAR
+    rows, cols = rows[near], cols[near]
+    if len(rows):
+        exact = _squared_chords(values, roots, rows, cols).clamp_(0.0, 1.0)
+        squared[rows, cols] = exact
+        squared[cols, rows] = exact
+    squared.fill_diagonal_(0.0)
+    return squared.sqrt_()
 
 
 def double_centered_gram(distances: torch.Tensor) -> torch.Tensor:
     """``B = -1/2 J D^2 J`` with ``J = I - 11^T/n``: the Gram matrix of centred points with distances ``D``, ``(n, n)``.
 
     ``B`` is positive semidefinite exactly when ``D`` is a Euclidean distance matrix (Schoenberg / Torgerson).
+    Double centring subtracts means of ``D^2`` from its entries, so ``B`` carries an absolute error of a few ulps of
+    ``max D^2`` (times ``log n``): eigenvalues below that are round-off, which is why :func:`effective_rank`
+    counts relative to the largest eigenvalue with a tolerance far above ``n`` ulps.
     """
     squared = _distance_matrix("distances", distances).square()
     centred = squared - squared.mean(dim=0, keepdim=True) - squared.mean(dim=1, keepdim=True) + squared.mean()
@@ -228,6 +272,9 @@ def kernel_distances(kernel: torch.Tensor) -> torch.Tensor:
 
     ``S = (K + K^T) / 2`` is the symmetric part (a score kernel need not be symmetric). For ``K = E E^T`` this is
     exactly ``||e_i - e_j||``; for a kernel that is not positive semidefinite the result is only distance-like.
+    The difference under the root cancels for close points: its absolute error is a few ulps of ``max |K|``, so a
+    distance much below ``sqrt(eps * max |K|)`` is not resolved (use :func:`pairwise_distances` when the vectors
+    are at hand).
     """
     kernel = _float_matrix("kernel", kernel, square=True)
     symmetric = (kernel + kernel.T) / 2
@@ -236,12 +283,14 @@ def kernel_distances(kernel: torch.Tensor) -> torch.Tensor:
 
 
 def stress_of_distances(encoding_distances: torch.Tensor, distances: torch.Tensor, return_scale: bool = False):
-    """Kruskal's stress-1 of distances ``delta`` ``(n, n)`` against target ``D`` ``(n, n)``, with a fitted scale.
+    """Metric ratio stress of distances ``delta`` ``(n, n)`` against a target ``D`` ``(n, n)``, with a fitted scale.
 
     ``stress = sqrt(sum_{i<j} (c delta_ij - D_ij)^2 / sum_{i<j} D_ij^2)`` where ``c = sum delta D / sum delta^2``
-    is the least-squares scale (normalisation: by the target's sum of squares, over pairs ``i < j``). The result
-    is invariant to rescaling either argument and equals ``sqrt(1 - rho^2)``, ``rho`` the cosine between the two
-    vectors of pair distances; 0 means the same geometry up to scale, 1 means none at all (an encoding that gives
+    is the least-squares scale (a scale but no offset; normalised by the target's sum of squares, over pairs
+    ``i < j``). This is *not* Kruskal's stress-1, which is non-metric (:func:`nonmetric_stress`); the offset-aware
+    version is :func:`affine_stress`. The result is invariant to rescaling either argument and equals
+    ``sqrt(1 - rho^2)``, ``rho`` the cosine between the two vectors of pair distances (computed from the residuals,
+    not from that difference); 0 means the same geometry up to scale, 1 means none at all (an encoding that gives
     every position the same point has ``c = 0`` and stress 1). Returns a 0-d float64 tensor, and ``c`` when asked.
     """
     target = _distance_matrix("distances", distances)
@@ -260,10 +309,183 @@ def stress_of_distances(encoding_distances: torch.Tensor, distances: torch.Tenso
     return (value, scale) if return_scale else value
 
 
+def _pair_vectors(encoding_distances, distances) -> tuple[torch.Tensor, torch.Tensor]:
+    """The pair distances ``(delta_ij)_{i<j}`` and ``(D_ij)_{i<j}`` of two ``(n, n)`` distance matrices, ``(m,)`` each."""
+    target = _distance_matrix("distances", distances)
+    fitted = _distance_matrix("encoding_distances", encoding_distances)
+    if fitted.shape != target.shape:
+        raise ValueError(f"encoding_distances and distances must have the same shape, got "
+                         f"{tuple(fitted.shape)} and {tuple(target.shape)}")
+    rows, cols = torch.triu_indices(len(target), len(target), 1, device=target.device)
+    return fitted[rows, cols], target[rows, cols]
+
+
+def distance_correlation(encoding_distances: torch.Tensor, distances: torch.Tensor) -> torch.Tensor:
+    """Pearson correlation between the pair distances ``(delta_ij)_{i<j}`` and ``(D_ij)_{i<j}`` (two ``(n, n)``
+    matrices): a 0-d float64 tensor in ``[-1, 1]``. Invariant to any affine map ``a + c delta`` with ``c > 0``.
+    Undefined (``ValueError``) when either set of pair distances is constant."""
+    fitted, target = _pair_vectors(encoding_distances, distances)
+    fitted, target = fitted - fitted.mean(), target - target.mean()
+    norms = fitted.norm() * target.norm()
+    if float(norms) == 0:
+        raise ValueError("encoding_distances and distances must not have constant pair distances: the correlation "
+                         "is undefined")
+    return ((fitted @ target) / norms).clamp(-1.0, 1.0)
+
+
+def affine_stress(encoding_distances: torch.Tensor, distances: torch.Tensor, return_fit: bool = False):
+    """Offset-aware (interval) stress: ``sqrt(min_{a, c >= 0} sum (a + c delta - D)^2 / sum (D - mean D)^2)``.
+
+    Arguments are ``(n, n)`` distance matrices; sums run over pairs ``i < j``. The best line gives
+    ``sqrt(1 - r^2)`` for a positive Pearson correlation ``r`` (:func:`distance_correlation`) and 1 when ``r <= 0``
+    (``c`` is held at 0: a distance that falls as the target grows is no fit). Computed from the residuals, not
+    from ``1 - r^2``. Returns a 0-d float64 tensor, and ``(a, c)`` when asked.
+    """
+    fitted, target = _pair_vectors(encoding_distances, distances)
+    centred_target = target - target.mean()
+    spread = centred_target.square().sum()
+    if float(spread) == 0:
+        raise ValueError("distances must not have constant pair distances: affine stress is relative to their "
+                         "variation")
+    centred = fitted - fitted.mean()
+    norm = centred.square().sum()
+    scale = (centred @ centred_target) / norm if float(norm) > 0 else norm
+    scale = scale.clamp_min(0.0)
+    offset = target.mean() - scale * fitted.mean()
+    value = ((offset + scale * fitted - target).square().sum() / spread).sqrt()
+    return (value, (offset, scale)) if return_fit else value
+
+
+def isotonic_regression(values: torch.Tensor, weights: torch.Tensor | None = None) -> torch.Tensor:
+    """The non-decreasing sequence closest to ``values`` ``(m,)`` in weighted least squares: ``(m,)``, float64.
+
+    Pool-adjacent-violators algorithm (Ayer et al. 1955; Kruskal 1964): scan left to right, keep blocks with their
+    weighted means, and merge the last two blocks while their means decrease. ``O(m)`` amortised. ``weights``
+    ``(m,)`` must be positive (default 1). Each output value is the weighted mean of its block.
+    """
+    values = require_tensor("values", values)
+    if values.ndim != 1 or not values.numel():
+        raise ValueError(f"values must be a non-empty 1-D tensor, got shape {tuple(values.shape)}")
+    values = values.to(FLOAT)
+    if weights is None:
+        weights = torch.ones_like(values)
+    else:
+        weights = require_tensor("weights", weights).to(FLOAT)
+        if weights.shape != values.shape:
+            raise ValueError(f"weights must have the shape of values {tuple(values.shape)}, got {tuple(weights.shape)}")
+        if not bool((weights > 0).all()):
+            raise ValueError("weights must be positive")
+    if not bool(torch.isfinite(values).all() and torch.isfinite(weights).all()):
+        raise ValueError("values and weights must be finite")
+    means, totals, sizes = [], [], []
+    for value, weight in zip(values.tolist(), weights.tolist()):
+        means.append(value)
+        totals.append(weight)
+        sizes.append(1)
+        while len(means) > 1 and means[-2] > means[-1]:
+            weight = totals[-2] + totals[-1]
+            means[-2] = (totals[-2] * means[-2] + totals[-1] * means[-1]) / weight
+            totals[-2] = weight
+            sizes[-2] += sizes[-1]
+            del means[-1], totals[-1], sizes[-1]
+    return torch.repeat_interleave(torch.tensor(means, dtype=FLOAT), torch.tensor(sizes)).to(values.device)
+
+
+def nonmetric_stress(encoding_distances: torch.Tensor, distances: torch.Tensor, formula: int = 1,
+                     return_disparities: bool = False):
+    """Kruskal's non-metric stress of distances ``delta`` against the *order* of a target ``D`` (both ``(n, n)``).
+
+    The disparities ``dhat`` are the isotonic regression of ``delta`` on the ranking of ``D`` (pairs ``i < j``
+    sorted by ``D``; pairs with tied ``D`` get one common disparity, Kruskal's secondary approach). Stress-1
+    (``formula=1``, Kruskal 1964) is ``sqrt(sum (delta - dhat)^2 / sum delta^2)``; stress-2 (``formula=2``) divides
+    by ``sum (delta - mean delta)^2`` instead. Only the order of ``D`` matters, and ``delta`` may be rescaled.
+    Stress-1 is 0 for equidistant points whatever ``D`` is (a constant is monotone in anything); stress-2 is
+    undefined for them (``ValueError``). Returns a 0-d float64 tensor, and ``dhat`` ``(m,)`` (in the order of
+    the pairs ``i < j``) when asked.
+    """
+    if formula not in (1, 2):
+        raise ValueError(f"formula must be 1 (stress-1) or 2 (stress-2), got {formula!r}")
+    fitted, target = _pair_vectors(encoding_distances, distances)
+    order = torch.argsort(target, stable=True)
+    _, tie_sizes = torch.unique_consecutive(target[order], return_counts=True)
+    block = torch.repeat_interleave(torch.arange(len(tie_sizes), device=target.device), tie_sizes)
+    block_means = torch.zeros(len(tie_sizes), dtype=FLOAT, device=target.device).index_add_(
+        0, block, fitted[order]) / tie_sizes
+    disparities = torch.empty_like(fitted)
+    disparities[order] = isotonic_regression(block_means, tie_sizes.to(FLOAT))[block]
+    if formula == 1:
+        normaliser = fitted.square().sum()
+    else:
+        normaliser = (fitted - fitted.mean()).square().sum()
+    if float(normaliser) == 0:
+        raise ValueError("encoding_distances must not be " + ("all zero" if formula == 1 else
+                         "constant (stress-2 is undefined for equidistant points)"))
+    value = ((fitted - disparities).square().sum() / normaliser).sqrt()
+    return (value, disparities) if return_disparities else value
+
+
+class PositionPredictor(NamedTuple):
+    """A fitted ``softmax(W e_i + b)`` model: ``embeddings`` ``(n, dim)``, ``readout`` ``W`` ``(V, dim)``, ``bias``
+    ``(V,)``, the final ``loss`` and its lower bound ``entropy`` (both in nats per token)."""
+
+    embeddings: torch.Tensor
+    readout: torch.Tensor
+    bias: torch.Tensor
+    loss: float
+    entropy: float
+
+
+def fit_position_predictor(distributions: torch.Tensor, dim: int, weights: torch.Tensor | None = None,
+                           seed: int = 0, max_iter: int = 500) -> PositionPredictor:
+    """Train a position table by predicting the token at each position from that position's vector alone.
+
+    Loss: ``sum_i w_i CE(P_i, softmax(W e_i + b))`` (``w`` ``(n,)`` the share of tokens at each position, default
+    uniform), minimised over ``e`` ``(n, dim)``, ``W`` ``(V, dim)`` and ``b`` ``(V,)`` with L-BFGS in float64 from a
+    seeded random start. Its infimum is the weighted entropy ``sum_i w_i H(P_i)``, reached exactly when
+    ``softmax(W e_i + b) = P_i`` for every ``i``: the smallest case of the Positional Separation Theorem, since two
+    positions with different ``P_i`` then need different ``W e_i``, hence different ``e_i``. ``distributions``
+    ``(n, V)`` must have full support (a zero probability is reached only in the limit).
+    """
+    distributions = _float_matrix("distributions", distributions)
+    if not bool((distributions > 0).all()):
+        raise ValueError("distributions must be strictly positive (the minimum is then attained)")
+    if float((distributions.sum(dim=1) - 1).abs().max()) > 1e-12:
+        raise ValueError("distributions must have rows that sum to 1 (probability vectors)")
+    require_int("dim", dim, minimum=1)
+    require_int("max_iter", max_iter, minimum=1)
+    n, vocab = distributions.shape
+    weights = torch.full((n,), 1.0 / n, dtype=FLOAT) if weights is None else require_tensor("weights", weights).to(FLOAT)
+    if weights.shape != (n,) or not bool((weights > 0).all()):
+        raise ValueError(f"weights must be positive with shape ({n},)")
+    weights = weights / weights.sum()
+    generator = torch.Generator().manual_seed(seed)
+    embeddings = (0.1 * torch.randn(n, dim, generator=generator, dtype=FLOAT)).requires_grad_()
+    readout = (0.1 * torch.randn(vocab, dim, generator=generator, dtype=FLOAT)).requires_grad_()
+    bias = torch.zeros(vocab, dtype=FLOAT, requires_grad=True)
+    optimiser = torch.optim.LBFGS([embeddings, readout, bias], lr=1, max_iter=max_iter, tolerance_grad=1e-13,
+                                  tolerance_change=0, history_size=50, line_search_fn="strong_wolfe")
+
+    def loss_fn():
+        logits = embeddings @ readout.T + bias
+        return -(weights * (distributions * torch.log_softmax(logits, dim=1)).sum(dim=1)).sum()
+
+    def closure():
+        optimiser.zero_grad()
+        loss = loss_fn()
+        loss.backward()
+        return loss
+
+    optimiser.step(closure)
+    with torch.no_grad():
+        loss = float(loss_fn())
+    entropy = float(-(weights * torch.special.xlogy(distributions, distributions).sum(dim=1)).sum())
+    return PositionPredictor(embeddings.detach(), readout.detach(), bias.detach(), loss, entropy)
+
+
 def stress(encoding: torch.Tensor, distances: torch.Tensor, return_scale: bool = False):
     """Stress of an encoding ``(n, d)`` (one vector per position) against target distances ``(n, n)``.
 
-    The Euclidean distances between its rows go into :func:`stress_of_distances` (see there for the formula).
+    The Euclidean distances between its rows go into :func:`stress_of_distances` (metric ratio stress; see there).
     """
     return stress_of_distances(pairwise_distances(encoding), distances, return_scale)
 
@@ -300,4 +522,6 @@ def low_rank_factors(encoding: torch.Tensor, rank: int) -> tuple[torch.Tensor, t
 
 __all__ = ["position_token_counts", "positional_distributions", "hellinger_distances", "double_centered_gram",
            "MDSResult", "classical_mds", "effective_rank", "entropy_effective_rank", "pairwise_distances",
-           "kernel_distances", "stress_of_distances", "stress", "toeplitz_projection", "low_rank_factors"]
+           "kernel_distances", "stress_of_distances", "stress", "distance_correlation", "affine_stress",
+           "isotonic_regression", "nonmetric_stress", "PositionPredictor", "fit_position_predictor",
+           "toeplitz_projection", "low_rank_factors"]

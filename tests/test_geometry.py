@@ -1,6 +1,7 @@
 """posenc.geometry: positional distributions, Hellinger distances, classical MDS, stress, ranks."""
 import math
 
+import mpmath
 import pytest
 import torch
 from hypothesis import given, settings
@@ -31,6 +32,8 @@ def test_counts_of_a_tiny_corpus_by_hand():
     sequences = [torch.tensor([2, 0, 1]), torch.tensor([2, 1]), torch.tensor([0])]
     counts = geometry.position_token_counts(sequences, vocab_size=3)
     expected = torch.tensor([[1.0, 0.0, 2.0], [1.0, 1.0, 0.0], [0.0, 1.0, 0.0]], dtype=torch.float64)
+    # exact by construction here and below: counts are small integers (exact in float64), and the distributions
+    # are the same IEEE division of the same numbers
     assert counts.dtype == torch.float64 and torch.equal(counts, expected)
     distributions = geometry.positional_distributions(sequences, vocab_size=3)
     assert torch.equal(distributions, expected / expected.sum(dim=1, keepdim=True))
@@ -51,6 +54,7 @@ def test_distributions_match_a_python_loop_and_both_input_forms(seed):
     for row, sequence in enumerate(sequences):
         padded[row, : len(sequence)] = sequence
     lengths = torch.tensor([len(s) for s in sequences])
+    # exact: integer counts do not depend on the order of accumulation, then the same division
     assert torch.equal(geometry.positional_distributions(padded, vocab, lengths=lengths), from_list)
     assert torch.allclose(from_list.sum(dim=1), torch.ones(n, dtype=torch.float64))
 
@@ -69,6 +73,7 @@ def test_hellinger_properties_and_chord_identity(seed, n, vocab):
     distributions = random_distributions(n, vocab, seed)
     distances = geometry.hellinger_distances(distributions)
     assert distances.shape == (n, n) and distances.dtype == torch.float64
+    # exact by construction: the diagonal is set to 0, and both triangles are written from the same numbers
     assert torch.equal(distances.diagonal(), torch.zeros(n, dtype=torch.float64))
     assert torch.equal(distances, distances.T)
     assert float(distances.min()) >= 0 and float(distances.max()) <= 1
@@ -82,8 +87,70 @@ def test_hellinger_properties_and_chord_identity(seed, n, vocab):
 def test_hellinger_extremes():
     distributions = torch.tensor([[0.5, 0.5, 0, 0], [0, 0, 0.3, 0.7], [0.5, 0.5, 0, 0]], dtype=torch.float64)
     distances = geometry.hellinger_distances(distributions)
-    assert distances[0, 1] == 1 and distances[1, 2] == 1  # disjoint supports
-    assert distances[0, 2] == 0  # identical rows
+    # disjoint supports: H^2 = (s_0 + s_1) / 2 with s the row sums, exact up to the rounding of 0.3 + 0.7
+    assert abs(float(distances[0, 1]) - 1) <= 2**-52 and abs(float(distances[1, 2]) - 1) <= 2**-52
+    # identical rows: exactly 0 by construction (every term p_w - q_w is 0), whatever the BLAS path
+    assert distances[0, 2] == 0 and distances[2, 0] == 0
+
+
+def mp_hellinger(p, q):
+    """The Hellinger distance of the float64 inputs, ||sqrt p - sqrt q|| / sqrt 2, in 60-digit arithmetic."""
+    with mpmath.workdps(60):
+        total = mpmath.fsum((mpmath.sqrt(mpmath.mpf(a)) - mpmath.sqrt(mpmath.mpf(b))) ** 2
+                            for a, b in zip(p.tolist(), q.tolist()))
+        return mpmath.sqrt(total / 2)
+
+
+@settings(max_examples=20, deadline=None)
+@given(SEEDS, st.sampled_from([1e-2, 1e-5, 1e-8, 1e-11, 1e-14]))
+def test_hellinger_of_near_identical_rows_is_accurate_to_a_few_ulps(seed, size):
+    generator = torch.Generator().manual_seed(seed)
+    p = torch.rand(60, generator=generator, dtype=torch.float64) + 0.01
+    p /= p.sum()
+    q = p * (1 + size * torch.randn(60, generator=generator, dtype=torch.float64))
+    q /= q.sum()
+    distances = geometry.hellinger_distances(torch.stack([p, q, p]))
+    assert distances[0, 2] == 0  # identical rows: exactly 0 by construction
+    reference = mp_hellinger(p, q)
+    if reference == 0:
+        assert distances[0, 1] == 0
+        return
+    # each term (p - q) / (sqrt p + sqrt q) squared carries ~6 ulps, the sum of 60 positive terms adds at most
+    # ~6 more (pairwise), halving and the root halve the relative error: 16 ulps is a safe bound
+    relative = abs(mpmath.mpf(float(distances[0, 1])) - reference) / reference
+    assert relative <= 16 * 2**-53, float(relative)
+
+
+@settings(max_examples=15, deadline=None)
+@given(SEEDS, st.integers(2, 8))
+def test_hellinger_of_distant_rows_matches_the_reference(seed, n):
+    distributions = random_distributions(n, 50, seed, sparsity=0.3)
+    distances = geometry.hellinger_distances(distributions)
+    for i in range(n):
+        for j in range(i + 1, n):
+            reference = mp_hellinger(distributions[i], distributions[j])
+            # pairs with H^2 >= 1/16 come from the Gram matrix: its absolute error is at most ~V ulps of the
+            # overlap (a sum of V = 50 non-negative products, each rounded twice), i.e. relative error of H at most
+            # 8 * 2 * 50 ulps; recomputed pairs are far better
+            assert abs(mpmath.mpf(float(distances[i, j])) - reference) <= 800 * 2**-53 * reference
+
+
+def test_hellinger_recomputes_close_pairs_in_a_large_table():
+    generator = torch.Generator().manual_seed(0)
+    base = torch.rand(1, 5000, generator=generator, dtype=torch.float64)
+    table = base * (1 + 1e-9 * torch.randn(6, 5000, generator=generator, dtype=torch.float64))
+    table = torch.cat([table, torch.rand(2, 5000, generator=generator, dtype=torch.float64)])
+    table /= table.sum(dim=1, keepdim=True)
+    distances = geometry.hellinger_distances(table)
+    for i, j in [(0, 1), (2, 5), (1, 4)]:
+        reference = mp_hellinger(table[i], table[j])
+        # close pairs (H ~ 1e-9): 1 - overlap would be wrong by ~1e-7 relative or more; the term-by-term form is
+        # within the 16 ulps derived in the test above
+        assert abs(mpmath.mpf(float(distances[i, j])) - reference) <= 16 * 2**-53 * reference, (i, j)
+    assert 1e-11 < float(distances[0, 1]) < 1e-8
+    for i, j in [(0, 7), (6, 7)]:  # distant pairs from the Gram matrix: relative error <= 8 * 2 * V ulps (V = 5000)
+        reference = mp_hellinger(table[i], table[j])
+        assert abs(mpmath.mpf(float(distances[i, j])) - reference) <= 8 * 2 * 5000 * 2**-53 * reference, (i, j)
 
 
 @settings(max_examples=15, deadline=None)
@@ -184,6 +251,7 @@ def test_stress_is_scale_invariant_and_equals_the_cosine_form(seed, factor):
 
 def test_stress_of_a_constant_encoding_is_one_and_of_the_target_itself_zero():
     target = geometry.hellinger_distances(random_distributions(8, 10, 5))
+    # exact: all delta are 0, so c = 0 and the ratio is x / x = 1 in IEEE arithmetic
     assert float(geometry.stress(torch.ones(8, 3, dtype=torch.float64), target)) == 1.0
     assert float(geometry.stress_of_distances(target, target)) < 1e-12
 
@@ -193,7 +261,8 @@ def test_kernel_distances_of_a_gram_matrix_are_euclidean():
     assert torch.allclose(geometry.kernel_distances(encoding @ encoding.T), geometry.pairwise_distances(encoding),
                           atol=1e-7)
     skew = torch.randn(9, 9, dtype=torch.float64, generator=torch.Generator().manual_seed(3))
-    assert torch.allclose(geometry.kernel_distances(skew), geometry.kernel_distances(skew.T), atol=0)
+    # exact: the symmetric part (K + K^T) / 2 is the same sums in either order (addition commutes in IEEE)
+    assert torch.allclose(geometry.kernel_distances(skew), geometry.kernel_distances(skew.T), atol=0, rtol=0)
 
 
 def test_float32_input_is_computed_in_float64():
@@ -258,4 +327,123 @@ def test_toeplitz_projection_fixes_toeplitz_matrices_and_bounds_shift_invariant_
 ])
 def test_bad_input_names_the_argument(call, error, name):
     with pytest.raises(error, match=name.replace("[", r"\[").replace("]", r"\]")):
+        call()
+
+
+# criteria beyond ratio stress -----------------------------------------------------------------------------------
+def pair_vector(matrix):
+    rows, cols = torch.triu_indices(len(matrix), len(matrix), 1)
+    return matrix[rows, cols]
+
+
+@settings(max_examples=25, deadline=None)
+@given(SEEDS, st.floats(-3, 3), st.floats(1e-2, 1e2))
+def test_affine_stress_is_the_least_squares_line_and_equals_the_correlation_form(seed, offset, factor):
+    generator = torch.Generator().manual_seed(seed)
+    delta = geometry.pairwise_distances(torch.randn(9, 3, generator=generator, dtype=torch.float64))
+    target = geometry.hellinger_distances(random_distributions(9, 12, seed))
+    value, (a, c) = geometry.affine_stress(delta, target, return_fit=True)
+    r = geometry.distance_correlation(delta, target)
+    x, y = pair_vector(delta), pair_vector(target)
+    slope, intercept = torch.linalg.lstsq(torch.stack([x, torch.ones_like(x)], 1), y[:, None]).solution[:, 0]
+    # sqrt(1 - r^2) cancels for r near 1: compare squares, whose error is a few ulps of 1
+    assert abs(float(value) ** 2 - (1 - max(float(r), 0) ** 2)) < 1e-12
+    if float(slope) > 0:
+        assert torch.allclose(torch.stack([a, c]), torch.stack([intercept, slope]), rtol=1e-9, atol=1e-12)
+    else:
+        assert float(c) == 0 and float(value) == pytest.approx(1.0, abs=1e-12)
+    # invariant under an increasing affine map of the encoding's distances (within round-off of the refit)
+    shifted = (offset + 3.5) * (1 - torch.eye(9, dtype=torch.float64)) + factor * delta
+    assert torch.allclose(geometry.affine_stress(shifted, target), value, atol=1e-9)
+    assert torch.allclose(geometry.distance_correlation(shifted, target), r, atol=1e-12)
+
+
+def test_affine_stress_of_an_anticorrelated_encoding_is_one():
+    target = geometry.pairwise_distances(torch.arange(6, dtype=torch.float64)[:, None])
+    reversed_distances = (10 - target).fill_diagonal_(0)
+    assert float(geometry.distance_correlation(reversed_distances, target)) == pytest.approx(-1, abs=1e-12)
+    assert float(geometry.affine_stress(reversed_distances, target)) == pytest.approx(1, abs=1e-12)
+
+
+@settings(max_examples=40, deadline=None)
+@given(st.lists(st.floats(-100, 100), min_size=1, max_size=60), SEEDS)
+def test_isotonic_regression_matches_sklearn(values, seed):
+    from sklearn.isotonic import IsotonicRegression
+    values = torch.tensor(values, dtype=torch.float64)
+    weights = torch.rand(len(values), generator=torch.Generator().manual_seed(seed), dtype=torch.float64) + 0.1
+    for w in (None, weights):
+        fit = geometry.isotonic_regression(values, w)
+        assert bool((fit[1:] >= fit[:-1]).all())
+        expected = IsotonicRegression().fit_transform(torch.arange(len(values)).numpy(), values.numpy(),
+                                                      sample_weight=None if w is None else w.numpy())
+        # block means of at most 60 values of size <= 100: a few ulps of 100 per value
+        assert torch.allclose(fit, torch.from_numpy(expected), rtol=0, atol=1e-11)
+
+
+def test_isotonic_regression_by_hand():
+    fit = geometry.isotonic_regression(torch.tensor([1.0, 3.0, 2.0, 4.0, 0.0, 5.0]))
+    assert torch.allclose(fit, torch.tensor([1, 2.25, 2.25, 2.25, 2.25, 5], dtype=torch.float64), atol=1e-15)
+    increasing = torch.tensor([0.5, 1.0, 7.0])
+    assert torch.equal(geometry.isotonic_regression(increasing), increasing.double())  # already monotone: untouched
+
+
+@settings(max_examples=20, deadline=None)
+@given(SEEDS)
+def test_nonmetric_stress_depends_only_on_the_order_of_the_target(seed):
+    generator = torch.Generator().manual_seed(seed)
+    delta = geometry.pairwise_distances(torch.randn(10, 2, generator=generator, dtype=torch.float64))
+    target = geometry.hellinger_distances(random_distributions(10, 15, seed))
+    for formula in (1, 2):
+        value, disparities = geometry.nonmetric_stress(delta, target, formula, return_disparities=True)
+        order = torch.argsort(pair_vector(target))
+        assert bool((disparities[order].diff() >= 0).all())  # disparities are monotone in the target
+        # exp is increasing, so it keeps the order (ties cannot appear: it is injective on these values)
+        assert torch.allclose(geometry.nonmetric_stress(delta, target.exp() - 1, formula), value, atol=1e-12)
+        assert torch.allclose(geometry.nonmetric_stress(7 * delta, target, formula), value, atol=1e-12)
+    assert 0 <= float(geometry.nonmetric_stress(delta, target)) <= 1
+
+
+def test_nonmetric_stress_extremes():
+    target = geometry.hellinger_distances(random_distributions(8, 10, 1))
+    monotone = target.square() + 2 * target  # an increasing function of the target: a perfect order
+    assert float(geometry.nonmetric_stress(monotone, target)) < 1e-15
+    equidistant = 1 - torch.eye(8, dtype=torch.float64)
+    assert float(geometry.nonmetric_stress(equidistant, target)) == 0  # constant disparities equal delta exactly
+    with pytest.raises(ValueError, match="stress-2"):
+        geometry.nonmetric_stress(equidistant, target, formula=2)
+    # ties in the target share one disparity (secondary approach)
+    line = geometry.pairwise_distances(torch.arange(5, dtype=torch.float64)[:, None])
+    delta = geometry.pairwise_distances(torch.randn(5, 2, dtype=torch.float64, generator=torch.Generator().manual_seed(4)))
+    _, disparities = geometry.nonmetric_stress(delta, line, return_disparities=True)
+    offsets = pair_vector(line)
+    for offset in range(1, 5):
+        tied = disparities[offsets == offset]
+        assert torch.allclose(tied, tied[:1].expand_as(tied), atol=1e-15)
+
+
+# the positional separation theorem, smallest case ----------------------------------------------------------------
+def test_position_predictor_reaches_the_entropy_and_separates_different_positions():
+    distributions = torch.tensor([[0.4, 0.3, 0.2, 0.1], [0.1, 0.2, 0.3, 0.4], [0.25, 0.25, 0.25, 0.25],
+                                  [0.7, 0.1, 0.1, 0.1]], dtype=torch.float64)
+    for seed in range(3):
+        fit = geometry.fit_position_predictor(distributions, dim=3, seed=seed, max_iter=100)
+        assert fit.loss >= fit.entropy - 1e-12 and fit.loss - fit.entropy < 1e-9
+        logits = fit.embeddings @ fit.readout.T + fit.bias
+        assert torch.allclose(torch.softmax(logits, 1), distributions, atol=1e-4)
+        distances = geometry.pairwise_distances(fit.embeddings)
+        assert float(distances[~torch.eye(4, dtype=torch.bool)].min()) > 0.1
+
+
+@pytest.mark.parametrize("call, error, name", [
+    (lambda: geometry.isotonic_regression(torch.ones(2, 2)), ValueError, "values"),
+    (lambda: geometry.isotonic_regression(torch.ones(3), torch.zeros(3)), ValueError, "weights"),
+    (lambda: geometry.isotonic_regression(torch.ones(3), torch.ones(2)), ValueError, "weights"),
+    (lambda: geometry.nonmetric_stress(1 - torch.eye(3), 1 - torch.eye(3), formula=3), ValueError, "formula"),
+    (lambda: geometry.affine_stress(1 - torch.eye(3), 1 - torch.eye(3)), ValueError, "distances"),
+    (lambda: geometry.distance_correlation(1 - torch.eye(3), 1 - torch.eye(3)), ValueError, "constant"),
+    (lambda: geometry.fit_position_predictor(torch.tensor([[1.0, 0.0], [0.5, 0.5]]), 2), ValueError, "positive"),
+    (lambda: geometry.fit_position_predictor(torch.full((2, 2), 0.5), 0), ValueError, "dim"),
+])
+def test_bad_input_of_the_criteria_names_the_argument(call, error, name):
+    with pytest.raises(error, match=name):
         call()
