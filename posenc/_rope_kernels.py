@@ -13,6 +13,7 @@ computing exactly that formula, chosen per call by :class:`RotationEngine`:
 * a custom autograd function around the blocked kernel: the gradient of a rotation is the rotation by the
   opposite angle, so the backward pass is the same fast kernel;
 * ``torch.compile`` of the formula (``compiled=True``): one fused loop that reads ``x`` once and writes once.
+  In place, large inputs take the blocked kernel instead (see :meth:`RotationEngine.compiled_in_place`).
 """
 from __future__ import annotations
 
@@ -27,9 +28,9 @@ from ._compile import CompiledFunction
 # Below this many elements the plain formula is faster than the kernel (fewer Python-level calls).
 KERNEL_MIN_NUMEL = 1 << 16
 # Elements of x per block: a block, its output, the tables' rows and the scratch stay in a core's cache, and each
-# operation on a block's half-size views (< 32768 elements, torch's grain size) runs serially in its worker thread,
-# so no operation opens a parallel region of its own (costly, and very slow on a loaded machine).
-BLOCK_ELEMENTS = 60_000
+# operation on a block (< 32768 elements, torch's grain size) runs serially in its worker thread, so that no
+# operation opens a parallel region of its own (costly, and very slow on a loaded machine).
+BLOCK_ELEMENTS = 32_000
 
 _functorch_active = getattr(torch._C, "_are_functorch_transforms_active", lambda: False)
 
@@ -69,8 +70,8 @@ class RotationEngine:
     def __init__(self, formula: Callable, pairs: Callable):
         self.formula, self.pairs = formula, pairs
         self.compiled = CompiledFunction(formula, self.rotate_default, dynamic=True, fullgraph=True)
-        self.compiled_in_place = CompiledFunction(self.formula_in_place, self.rotate_in_place, dynamic=True,
-                                                  fullgraph=True)
+        self._compiled_in_place = CompiledFunction(self.formula_in_place, self.rotate_in_place, dynamic=True,
+                                                   fullgraph=True)
 
     # ------------------------------------------------------------------------------------------ dispatch
     def kernel_fits(self, x, cos, sin) -> bool:
@@ -86,6 +87,15 @@ class RotationEngine:
         if torch.is_grad_enabled() and x.requires_grad:
             return _Rotation.apply(x, cos, sin, layout, self)
         return self.rotate_into(torch.empty_like(x), x, cos, sin, layout)
+
+    def compiled_in_place(self, x, cos, sin, layout):
+        """``compiled=True`` in place. Inductor cannot rotate in place in one pass (it writes the rotation to a
+        buffer and copies it back, two passes over memory), while the blocked in-place kernel reads and writes
+        each block once, in cache; so inputs large enough for the kernel take it, and smaller ones the fused
+        kernel."""
+        if self.kernel_fits(x, cos, sin) and not (torch.is_grad_enabled() and x.requires_grad):
+            return self.rotate_into(x, x, cos, sin, layout)
+        return self._compiled_in_place(x, cos, sin, layout)
 
     def formula_in_place(self, x, cos, sin, layout):
         return x.copy_(self.formula(x, cos, sin, layout))
@@ -143,10 +153,11 @@ class RotationEngine:
         a, b = (s[:count].view(shape) for s in scratch[:2])
         in_place = out is x
         if same_dtype and not in_place:
-            torch.mul(x1, cb, out=o1)
+            # (x1, x2) * cos in one operation over both members of every pair: the same products, fewer calls
+            both_x, both_out, cos_both = _both(xb, half, layout), _both(ob, half, layout), _both_table(cb, layout)
+            torch.mul(both_x, cos_both, out=both_out)
             torch.mul(x2, sb, out=a)
             o1.sub_(a)
-            torch.mul(x2, cb, out=o2)
             torch.mul(x1, sb, out=a)
             o2.add_(a)
         elif same_dtype:  # in place: the first half waits in scratch until x1 has been used
@@ -168,6 +179,18 @@ class RotationEngine:
             o2.copy_(c)
         if not in_place and xb.shape[-1] > 2 * half:
             ob[..., 2 * half:].copy_(xb[..., 2 * half:])
+
+
+def _both(t, half, layout):
+    """The rotated features of ``t`` as ``(..., 2, R/2)`` (half layout) or ``(..., R/2, 2)`` (interleaved): both
+    members of every pair in one view."""
+    rotated = t[..., : 2 * half]
+    return rotated.unflatten(-1, (2, half) if layout == "half" else (half, 2))
+
+
+def _both_table(table, layout):
+    """A ``(..., R/2)`` table shaped to meet :func:`_both`."""
+    return table.unsqueeze(-2) if layout == "half" else table.unsqueeze(-1)
 
 
 _pools: dict[int, ThreadPoolExecutor] = {}

@@ -209,32 +209,36 @@ class InteractiveFigure:
         """Median wall time of one live update (draw + PNG render, what a widget waits for)."""
         return float(sorted(self.redraw_times(repeats, **values))[repeats // 2])
 
-    def redraw_times(self, repeats: int = 5, **values) -> list[float]:
+    def redraw_times(self, repeats: int = 5, cpu: bool = False, **values) -> list[float]:
         """Wall times of ``repeats`` live updates, after one untimed update that lays the figure out.
 
         Without ``values`` the updates step through the sliders' values (each slider in turn, evenly spread),
-        as a hand dragging them does; with ``values`` every update draws those.
+        as a hand dragging them does; with ``values`` every update draws those. ``cpu=True`` returns
+        ``(wall, cpu)`` lists instead, ``cpu`` being the process time of each update (what it costs on a core of
+        its own: on a busy machine the wall time also counts the waits for a core).
         """
         if repeats < 1:
             raise ValueError(f"repeats must be >= 1, got {repeats}")
         plan = [values] * repeats if values else _slider_walk(self.sliders, repeats)
         self.live_png(**plan[0])
-        times = []
+        wall, process = [], []
         for chosen in plan:
-            start = time.perf_counter()
+            start, start_cpu = time.perf_counter(), time.process_time()
             self.live_png(**chosen)
-            times.append(time.perf_counter() - start)
-        return times
+            wall.append(time.perf_counter() - start)
+            process.append(time.process_time() - start_cpu)
+        return (wall, process) if cpu else wall
 
     def _log_redraws(self) -> None:
         path = os.environ.get(REDRAW_LOG_ENV)
         if not path:
             return
-        times = self.redraw_times(repeats=7)
+        wall, process = self.redraw_times(repeats=7, cpu=True)
         record = {"caption": self.caption, "sliders": {k: len(v) for k, v in self.sliders.items()},
-                  "median_ms": round(1e3 * sorted(times)[len(times) // 2], 1),
-                  "max_ms": round(1e3 * max(times), 1), "times_ms": [round(1e3 * t, 1) for t in times],
-                  "axes": len(_all_axes(self.figure))}
+                  "median_ms": round(1e3 * sorted(wall)[len(wall) // 2], 1), "max_ms": round(1e3 * max(wall), 1),
+                  "median_cpu_ms": round(1e3 * sorted(process)[len(process) // 2], 1),
+                  "times_ms": [round(1e3 * t, 1) for t in wall], "axes": len(_all_axes(self.figure)),
+                  "load_average": round(os.getloadavg()[0], 2) if hasattr(os, "getloadavg") else None}
         with open(path, "a", encoding="utf-8") as log:
             log.write(json.dumps(record) + "\n")
 
