@@ -195,7 +195,9 @@ class InteractiveFigure:
             fig.clear()
             fig.set_layout_engine("constrained")
             self.draw(fig, **{**self.defaults, **values})
-        fig.get_layout_engine().execute(fig)
+        engine = fig.get_layout_engine()
+        if engine is not None:  # a draw function may lay out by hand (set_layout_engine(None), subplots_adjust)
+            engine.execute(fig)
         self._frozen_layout = (_axes_signature(fig), [ax.get_position(original=True) for ax in _all_axes(fig)])
         fig.set_layout_engine("none")
         return fig

@@ -122,6 +122,19 @@ def test_a_figure_whose_axes_change_is_laid_out_again():
     assert widths[1][0] > 2 * widths[3][0]
 
 
+def test_a_figure_laid_out_by_hand_keeps_its_layout():
+    def draw(fig, scale):
+        fig.set_layout_engine(None)
+        ax = fig.subplots()
+        fig.subplots_adjust(0.2, 0.2, 0.9, 0.9)
+        ax.plot([0, scale])
+
+    figure = interactive.InteractiveFigure(draw, {"scale": [1, 2, 3]}, "c", figsize=(3, 2))
+    for scale in (1, 3, 2):
+        assert figure.live_png(scale=scale).startswith(b"\x89PNG")
+        assert figure.figure.axes[0].get_position().bounds == pytest.approx((0.2, 0.2, 0.7, 0.7))
+
+
 def test_redraw_log_records_every_shown_figure(monkeypatch, tmp_path):
     log = tmp_path / "redraws.jsonl"
     monkeypatch.setenv("POSENC_REDRAW_LOG", str(log))
