@@ -110,8 +110,9 @@ class RotationEngine:
                     threads: int | None = None):
         """Write the rotation of ``x`` into ``out`` (``x`` itself for in place), block by block; no autograd.
 
-        ``cos``/``sin`` must broadcast to ``x``. Bit for bit the arithmetic of the formula. The blocks are shared
-        among ``threads`` workers (default ``torch.get_num_threads()``), each running its operations serially.
+        ``cos``/``sin`` must broadcast to ``x``. Bit for bit the arithmetic of the formula. On the CPU the blocks
+        are shared among ``threads`` workers (default ``torch.get_num_threads()``), each running its operations
+        serially; other devices take the whole tensor as one block.
         """
         half = cos.shape[-1]
         cos = cos.reshape((1,) * (x.ndim - cos.ndim) + cos.shape)
@@ -121,6 +122,8 @@ class RotationEngine:
                                             sin.dtype)
         same_dtype = scratch_dtype == x.dtype
         target = max(block_elements or BLOCK_ELEMENTS, x.shape[-1])
+        if x.device.type != "cpu":  # an accelerator runs each operation over the whole tensor, on its own stream
+            target, threads = max(x.numel(), 1), 1
         block_pairs = min(math.prod(x.shape[:-1]), target // x.shape[-1]) * half
         blocks = list(_blocks(tuple(x.shape), target))
         threads = max(1, min(threads or torch.get_num_threads(), len(blocks)))
