@@ -65,10 +65,10 @@ colab-check: $(COLAB_STAMP)
 	$(COLAB_PY) book/tools/run_notebooks.py --figures live --output-dir _build/colab-executed
 	POSENC_COLAB_CHECK=1 $(COLAB_PY) -m pytest tests/test_colab_setup.py
 
-## make bench: RoPE against the libraries people use, and the book's timings -> _build/bench.json
+## make bench: RoPE against the libraries people use, the live redraw of every interactive figure, the book's timings -> _build/bench.json (BENCH_ARGS="--quick", "--sections forward,redraw", ...)
 bench: $(STAMP)
 	$(PY) -m pip install --quiet -r benchmarks/requirements.txt
-	$(PY) benchmarks/run.py
+	$(PY) benchmarks/run.py $(BENCH_ARGS)
 
 serve:
 	@echo "serving _build/html on http://127.0.0.1:$(PORT)"

@@ -6,11 +6,12 @@ machine even when the absolute times do not.
 
 Sections: RoPE forward on CPU (fp32 and bf16, two shapes, q and k both; throughput relative to posenc and as
 a fraction of the bandwidth of a plain out-of-place copy of q and k); backward and in place (CPU, fp32);
-bf16 precision against float64 at positions 0..100 000; the book (chapter execution times; a clean
-``make book`` with ``--book``); the redraw time of a live slider; the same forward harness on CUDA when a
+a summary in the form of the README's table; bf16 precision against float64 at positions 0..100 000; the book
+(chapter execution times; a clean ``make book`` with ``--book``); the live redraw time of every interactive
+figure of the book (each chapter executed with ``POSENC_REDRAW_LOG``); the same forward harness on CUDA when a
 GPU is present.
 
-Usage: python benchmarks/run.py [--book] [--quick] [--budget SECONDS] [--output PATH]
+Usage: python benchmarks/run.py [--book] [--quick] [--budget SECONDS] [--output PATH] [--sections LIST]
 """
 from __future__ import annotations
 
@@ -259,46 +260,101 @@ def book_section(run_book: bool) -> dict:
 
 
 # ----------------------------------------------------------------------------------------------- sliders
-def slider_section() -> list:
-    """Median time of one live update (draw + PNG render) for two typical figures of the book."""
-    import numpy as np
+def redraw_section(names=(), log_dir: Path | None = None) -> dict:
+    """The live redraw time (draw + PNG, what a dragged slider waits for) of every interactive figure of the book,
+    in wall time and in CPU time.
 
-    from posenc.interactive import InteractiveFigure
+    Each chapter is executed on a fresh kernel with live figures, one thread (as run_notebooks.py with two jobs
+    gives each) and ``POSENC_REDRAW_LOG`` set, so that every
+    :class:`posenc.interactive.InteractiveFigure` it shows times 7 redraws that step through its sliders
+    (after one untimed redraw that lays it out) and logs them. ``log_dir`` keeps the logs (default: a temporary
+    directory).
+    """
+    from posenc.interactive import REDRAW_LOG_ENV
 
-    rng = np.random.default_rng(0)
-    change = rng.normal(size=(8, 2, 64))  # precomputed, as the chapters do: draw() only draws
+    notebooks = sorted(p for p in (ROOT / "notebooks").glob("*.ipynb")
+                       if not names or any(n in p.stem for n in names))
+    rows, chapters = [], {}
+    with tempfile.TemporaryDirectory() as scratch:
+        logs = Path(log_dir or scratch)
+        logs.mkdir(parents=True, exist_ok=True)
+        for notebook in notebooks:
+            log = (logs / f"{notebook.stem}.jsonl").resolve()
+            log.unlink(missing_ok=True)
+            start = time.perf_counter()
+            errors = execute_for_redraws(notebook, log)
+            records = [json.loads(line) for line in log.read_text().splitlines()] if log.exists() else []
+            chapters[notebook.stem] = {"ok": not errors, "figures": len(records), "errors": errors,
+                                       "seconds": round(time.perf_counter() - start, 1)}
+            for number, record in enumerate(records, 1):
+                rows.append({"chapter": notebook.stem[:2], "figure": number, "caption": record["caption"][:60],
+                             "axes": record["axes"], "median_ms": record["median_ms"], "max_ms": record["max_ms"],
+                             "cpu_ms": record["median_cpu_ms"], "load": record["load_average"],
+                             "under_100_ms": record["median_ms"] <= 1e3 * SLIDER_LIMIT_SECONDS,
+                             "cpu_under_100_ms": record["median_cpu_ms"] <= 1e3 * SLIDER_LIMIT_SECONDS})
+            status = "ok" if not errors else "errors in cells " + ", ".join(str(e["cell"]) for e in errors)
+            print(f"  {notebook.stem}: {len(records)} interactive figures, {status} "
+                  f"({chapters[notebook.stem]['seconds']} s)", flush=True)
+    print_table("live slider: one redraw (draw + PNG) of every interactive figure, median of 7",
+                ["chapter", "figure", "caption", "axes", "median_ms", "max_ms", "cpu_ms", "load", "under_100_ms",
+                 "cpu_under_100_ms"], rows)
+    slow = [r for r in rows if not r["under_100_ms"]]
+    slow_cpu = [r for r in rows if not r["cpu_under_100_ms"]]
+    print(f"  {len(rows)} figures, {len(slow)} over {1e3 * SLIDER_LIMIT_SECONDS:.0f} ms of wall time, {len(slow_cpu)} "
+          "over it in CPU time (cpu_ms: the process time of a redraw; wall time also counts waits for a busy core)")
+    return {"limit_ms": 1e3 * SLIDER_LIMIT_SECONDS, "figures": rows, "chapters": chapters}
 
-    def bars(fig, order):  # the shuffled-sentence figure of chapter 1: two bar charts of 64 bars
-        axes = fig.subplots(1, 2, sharey=True)
-        for ax, values, name in zip(axes, change[order], ("NoPE", "RoPE")):
-            ax.bar(range(64), values, color="C0" if name == "NoPE" else "C3")
-            ax.set_title(f"{name}: largest change {abs(values).max():.2f}", fontsize=10)
-            ax.set_xlabel("output feature")
-        axes[0].set_ylabel("shuffled minus original")
 
-    positions = np.arange(256)
-    inv_freq = 10_000.0 ** -(np.arange(0, 64, 2) / 64)
-    angles = positions[:, None] * inv_freq
+def execute_for_redraws(notebook: Path, log: Path) -> list:
+    """Execute ``notebook`` on a fresh kernel as the book does, but with live figures and every cell run even
+    after an error (so that a failing assert does not hide the figures below it); returns the errors."""
+    import nbformat
+    from nbclient import NotebookClient
 
-    def line_and_heatmap(fig, scale):  # a typical line plot next to a heatmap with a colour bar
-        left, right = fig.subplots(1, 2)
-        for i in (0, 8, 16):
-            left.plot(positions, np.cos(angles[:, i] / scale), label=f"pair {i}")
-        left.legend(fontsize=8)
-        left.set_xlabel("position")
-        image = right.imshow(np.cos(angles[:64, :] / scale), aspect="auto", cmap="RdBu_r", vmin=-1, vmax=1)
-        fig.colorbar(image, ax=right)
-        right.set_xlabel("pair")
+    sys.path.insert(0, str(ROOT / "book" / "tools"))
+    from run_notebooks import execution_settings, kernel_env
+
+    from posenc.interactive import REDRAW_LOG_ENV
+
+    env = {**kernel_env("live", 1), REDRAW_LOG_ENV: str(log), "PYTHONPATH": str(ROOT)}
+    nb = nbformat.read(notebook, as_version=4)
+    client = NotebookClient(nb, timeout=execution_settings().get("timeout", 300), kernel_name="python3",
+                            allow_errors=True, resources={"metadata": {"path": str(notebook.parent)}})
+    client.execute(env=env)
+    return [{"cell": i, "error": f"{o.get('ename')}: {o.get('evalue', '')[:200]}"}
+            for i, cell in enumerate(nb.cells) if cell.cell_type == "code"
+            for o in cell.get("outputs", []) if o.get("output_type") == "error"]
+
+
+# ----------------------------------------------------------------------------------------------- summary
+def issue_table(report: dict) -> list:
+    """The headline figures: posenc's default path, compiled=True and transformers, as fractions of a copy."""
+    def row_of(result, name):
+        return next((r for r in result["rows"] if r["contender"] == name), None)
 
     rows = []
-    for name, draw, sliders, value in (("bars (chapter 1)", bars, {"order": range(8)}, {"order": 5}),
-                                       ("line + heatmap", line_and_heatmap, {"scale": [1, 2, 4, 8, 16]},
-                                        {"scale": 8})):
-        figure = InteractiveFigure(draw, sliders, f"benchmark figure: {name}", figsize=(6.4, 3.2))
-        seconds = figure.redraw_seconds(repeats=7, **value)
-        rows.append({"figure": name, "redraw_ms": round(1e3 * seconds, 1),
-                     "under_100_ms": seconds < SLIDER_LIMIT_SECONDS})
-    print_table("live slider: one redraw (draw + PNG), median of 7", ["figure", "redraw_ms", "under_100_ms"], rows)
+    for result in report.get("forward_cpu", []):
+        for name in ("posenc", "posenc in-place"):
+            compiled = "posenc compiled" if name == "posenc" else "posenc in-place compiled"
+            mine, fused, hf = row_of(result, name), row_of(result, compiled), row_of(result, "transformers")
+            if mine is None:
+                continue
+            rows.append({"case": f"{'in place, ' if 'in-place' in name else ''}{result['dtype']} "
+                                 f"{tuple(result['shape'])}, fraction of copy",
+                         "posenc default": mine["fraction_of_copy"],
+                         "compiled=True": fused["fraction_of_copy"] if fused else None,
+                         "transformers eager": hf["fraction_of_copy"] if hf and "in-place" not in name else None,
+                         "default vs transformers": round(1 / hf["vs_posenc"], 2) if hf and "in-place" not in name
+                         else None})
+    for result in report.get("backward_cpu", []):
+        mine, fused, hf = (row_of(result, n) for n in ("posenc", "posenc compiled", "transformers"))
+        rows.append({"case": f"backward, {result['dtype']} {tuple(result['shape'])}, fraction of copy",
+                     "posenc default": mine["fraction_of_copy"], "compiled=True": fused["fraction_of_copy"],
+                     "transformers eager": hf["fraction_of_copy"] if hf else None,
+                     "default vs transformers": round(1 / hf["vs_posenc"], 2) if hf else None})
+    print_table("summary (fractions of a plain copy of q and k; last column: speed of posenc's default path "
+                "relative to transformers)", ["case", "posenc default", "compiled=True", "transformers eager",
+                                              "default vs transformers"], rows)
     return rows
 
 
@@ -348,7 +404,12 @@ def main() -> int:
     parser.add_argument("--quick", action="store_true", help="small shapes, few rounds: a smoke test")
     parser.add_argument("--budget", type=float, default=None, help="seconds of timing per configuration")
     parser.add_argument("--output", type=Path, default=ROOT / "_build" / "bench.json")
+    parser.add_argument("--sections", default="forward,backward,precision,book,redraw",
+                        help="comma-separated subset of forward,backward,precision,book,redraw")
+    parser.add_argument("--redraw-logs", type=Path, default=ROOT / "_build" / "redraw",
+                        help="where the per-chapter redraw logs are kept")
     args = parser.parse_args()
+    sections = set(args.sections.split(","))
     torch.manual_seed(0)
     shapes = QUICK_SHAPES if args.quick else SHAPES
     budget = args.budget or (3.0 if args.quick else 20.0)
@@ -360,12 +421,19 @@ def main() -> int:
     for name, reason in missing.items():
         print(f"  {name}: skipped ({reason})")
     cpu = torch.device("cpu")
-    report["forward_cpu"] = forward_section(cpu, shapes, budget, available)
-    report["backward_cpu"] = backward_section(shapes, budget, available)
-    report["precision_bf16"] = precision_section(available, 4097 if args.quick else PRECISION_POSITIONS)
-    report["book"] = book_section(args.book)
-    report["slider"] = slider_section()
-    if torch.cuda.is_available():
+    if "forward" in sections:
+        report["forward_cpu"] = forward_section(cpu, shapes, budget, available)
+    if "backward" in sections:
+        report["backward_cpu"] = backward_section(shapes, budget, available)
+    if {"forward", "backward"} & sections:
+        report["summary"] = issue_table(report)
+    if "precision" in sections:
+        report["precision_bf16"] = precision_section(available, 4097 if args.quick else PRECISION_POSITIONS)
+    if "book" in sections:
+        report["book"] = book_section(args.book)
+    if "redraw" in sections:
+        report["redraw"] = redraw_section(("01",) if args.quick else (), args.redraw_logs)
+    if torch.cuda.is_available() and "forward" in sections:
         report["forward_cuda"] = forward_section(torch.device("cuda"), shapes, budget, available)
     else:
         report["forward_cuda"] = {"measured": False, "note": "no CUDA device"}

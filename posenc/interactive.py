@@ -14,6 +14,12 @@ The book build sets ``POSENC_FIGURES=static``.
 Frames are bounded: at most ``max_frames`` per slider (values are subsampled evenly, ends kept), and the
 embedded frames of one figure may not exceed ``max_bytes`` (a ``ValueError`` says so and what to shrink).
 :func:`show_figure` displays an ordinary figure with its caption as alt text.
+
+Live redraws are kept fast (what a dragged slider waits for): the figure is laid out once by matplotlib's
+constrained layout and that layout is then reused for every redraw with the same axes, and live frames are PNGs
+with light zlib compression. Static frames (the web book) are laid out afresh and compressed hard, since they are
+made once. Setting ``POSENC_REDRAW_LOG=<file>`` makes every displayed figure time its live redraws and append one
+JSON line per figure to that file (``benchmarks/run.py`` does this for every figure of the book).
 """
 from __future__ import annotations
 
@@ -43,10 +49,39 @@ def figure_mode() -> str:
     return "live" if shell is not None and "IPKernelApp" in getattr(shell, "config", {}) else "static"
 
 
+LIVE_PNG_COMPRESSION = 1  # zlib level of live frames: 1 encodes several times faster than the default 6
+REDRAW_LOG_ENV = "POSENC_REDRAW_LOG"
+
+
 def _render_png(fig, dpi) -> bytes:
     buffer = io.BytesIO()
     fig.savefig(buffer, format="png", dpi=dpi)
     return buffer.getvalue()
+
+
+def _render_live_png(fig) -> bytes:
+    """The figure as a PNG at its own dpi, drawn by Agg and encoded with light compression (a live frame)."""
+    from matplotlib.backends.backend_agg import FigureCanvasAgg
+    from PIL import Image
+
+    canvas = fig.canvas if isinstance(fig.canvas, FigureCanvasAgg) else FigureCanvasAgg(fig)
+    canvas.draw()
+    image = Image.frombuffer("RGBA", canvas.get_width_height(), canvas.buffer_rgba(), "raw", "RGBA", 0, 1)
+    buffer = io.BytesIO()
+    image.save(buffer, format="png", compress_level=LIVE_PNG_COMPRESSION)
+    return buffer.getvalue()
+
+
+def _all_axes(fig) -> list:
+    """Every axes of ``fig``, subfigures included, in creation order."""
+    axes = list(fig.axes)
+    for sub in getattr(fig, "subfigs", []):
+        axes += _all_axes(sub)
+    return axes
+
+
+def _axes_signature(fig) -> tuple:
+    return tuple((type(ax).__name__, ax.get_label()) for ax in _all_axes(fig))
 
 
 def _encode_png(fig, dpi, colors: int | None) -> str:
@@ -130,25 +165,84 @@ class InteractiveFigure:
         from matplotlib.figure import Figure
 
         self.figure = Figure(figsize=figsize, dpi=dpi, layout="constrained")
+        self._frozen_layout = None  # (axes signature, their positions) once a live redraw has been laid out
 
     def update(self, **values):
-        """Redraw the figure for ``values`` (missing names take their defaults); returns the figure."""
+        """Redraw the figure for ``values`` (missing names take their defaults); returns the figure.
+
+        Constrained layout runs when the figure is drawn (the quality of a static frame).
+        """
+        return self._redraw(values, live=False)
+
+    def _redraw(self, values: dict, live: bool):
+        """``live=True`` reuses the layout computed by the first live redraw whenever the figure has the same
+        axes (constrained layout is about half the cost of a redraw)."""
         unknown = set(values) - set(self.sliders)
         if unknown:
             raise ValueError(f"unknown slider names {sorted(unknown)}; sliders are {list(self.sliders)}")
-        self.figure.clear()
-        self.draw(self.figure, **{**self.defaults, **values})
-        return self.figure
+        fig = self.figure
+        fig.clear()
+        frozen = self._frozen_layout if live else None
+        fig.set_layout_engine("none" if frozen else "constrained")
+        self.draw(fig, **{**self.defaults, **values})
+        if not live:
+            return fig
+        if frozen and frozen[0] == _axes_signature(fig):
+            for ax, position in zip(_all_axes(fig), frozen[1]):
+                ax.set_position(position)
+            return fig
+        if frozen:  # different axes this time: lay them out afresh (a colorbar may not change engines)
+            fig.clear()
+            fig.set_layout_engine("constrained")
+            self.draw(fig, **{**self.defaults, **values})
+        engine = fig.get_layout_engine()
+        if engine is not None:  # a draw function may lay out by hand (set_layout_engine(None), subplots_adjust)
+            engine.execute(fig)
+        self._frozen_layout = (_axes_signature(fig), [ax.get_position(original=True) for ax in _all_axes(fig)])
+        fig.set_layout_engine("none")
+        return fig
+
+    def live_png(self, **values) -> bytes:
+        """One live frame: redraw for ``values`` with the frozen layout and encode it (what a widget shows)."""
+        self._redraw(values, live=True)
+        return _render_live_png(self.figure)
 
     def redraw_seconds(self, repeats: int = 5, **values) -> float:
         """Median wall time of one live update (draw + PNG render, what a widget waits for)."""
-        times = []
-        for _ in range(repeats):
-            start = time.perf_counter()
-            self.update(**values)
-            _render_png(self.figure, self.dpi)
-            times.append(time.perf_counter() - start)
-        return sorted(times)[len(times) // 2]
+        return float(sorted(self.redraw_times(repeats, **values))[repeats // 2])
+
+    def redraw_times(self, repeats: int = 5, cpu: bool = False, **values) -> list[float]:
+        """Wall times of ``repeats`` live updates, after one untimed update that lays the figure out.
+
+        Without ``values`` the updates step through the sliders' values (each slider in turn, evenly spread),
+        as a hand dragging them does; with ``values`` every update draws those. ``cpu=True`` returns
+        ``(wall, cpu)`` lists instead, ``cpu`` being the process time of each update (what it costs on a core of
+        its own: on a busy machine the wall time also counts the waits for a core).
+        """
+        if repeats < 1:
+            raise ValueError(f"repeats must be >= 1, got {repeats}")
+        plan = [values] * repeats if values else _slider_walk(self.sliders, repeats)
+        self.live_png(**plan[0])
+        wall, process = [], []
+        for chosen in plan:
+            start, start_cpu = time.perf_counter(), time.process_time()
+            self.live_png(**chosen)
+            wall.append(time.perf_counter() - start)
+            process.append(time.process_time() - start_cpu)
+        return (wall, process) if cpu else wall
+
+    def _log_redraws(self) -> None:
+        path = os.environ.get(REDRAW_LOG_ENV)
+        if not path:
+            return
+        wall, process = self.redraw_times(repeats=7, cpu=True)
+        record = {"caption": self.caption, "sliders": {k: len(v) for k, v in self.sliders.items()},
+                  "median_ms": round(1e3 * sorted(wall)[len(wall) // 2], 1), "max_ms": round(1e3 * max(wall), 1),
+                  "median_cpu_ms": round(1e3 * sorted(process)[len(process) // 2], 1),
+                  "times_ms": [round(1e3 * t, 1) for t in wall], "axes": len(_all_axes(self.figure)),
+                  "load_average": round(os.getloadavg()[0], 2) if hasattr(os, "getloadavg") else None}
+        with open(path, "a", encoding="utf-8") as log:
+            log.write(json.dumps(record) + "\n")
 
     # static form -------------------------------------------------------------------------------------------
     def frames(self, name: str) -> tuple[list, list[str]]:
@@ -221,8 +315,7 @@ class InteractiveFigure:
 
         def refresh(change=None):
             chosen = {name: self.sliders[name][control.value] for name, control in controls.items()}
-            self.update(**chosen)
-            image.value = _render_png(self.figure, self.dpi)
+            image.value = self.live_png(**chosen)
 
         for control in controls.values():
             control.observe(refresh, names="value")
@@ -237,6 +330,7 @@ class InteractiveFigure:
             display(self.widget())
         else:
             display(HTML(self.static_html()))
+        self._log_redraws()
         return None
 
 
@@ -249,6 +343,19 @@ def _as_float(value) -> float:
 
 def _closest_index(values, target) -> int:
     return min(range(len(values)), key=lambda i: abs(_as_float(values[i]) - _as_float(target)))
+
+
+def _slider_walk(sliders: dict, count: int) -> list[dict]:
+    """``count`` slider settings that move one slider at a time across its range (the others at rest)."""
+    names = list(sliders)
+    plan = []
+    for i in range(count):
+        name = names[i % len(names)]
+        values = sliders[name]
+        step = i // len(names)
+        per_slider = -(-count // len(names))
+        plan.append({name: values[round(step * (len(values) - 1) / max(per_slider - 1, 1))]})
+    return plan
 
 
 def _unique_labels(values) -> list[str]:

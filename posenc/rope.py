@@ -16,13 +16,13 @@ Layouts. Pair ``i`` of a ``D``-vector is
 Angles, cos and sin are always float32, whatever the dtype of ``x``; the rotation of a bf16 or fp16 input
 is carried out in float32 and rounded once at the end.
 
-Speed. :func:`apply_rope` on a large input writes both halves straight into one output with out= kernels (no
-``cat``, half-size tables broadcast over heads, one half-size temporary), bit for bit the same arithmetic
-as transformers' ``q * cos + rotate_half(q) * sin``, gradients included. ``compiled=True`` fuses the
-rotation into one ``torch.compile`` kernel that reads ``x`` once and writes the result once (about the speed
-of copying ``x``), at a cost of seconds on its first call in a process. :func:`apply_rope_` rotates in place.
-``benchmarks/run.py`` (``make bench``) measures all of them against transformers, rotary-embedding-torch and
-torchtune.
+Speed. The rotation is written once, as the formula :func:`_rotation_formula` (bit for bit transformers'
+``q * cos + rotate_half(q) * sin``). On a large input :func:`apply_rope` computes that same formula with the
+blocked out= kernels of :mod:`posenc._rope_kernels` (all passes of the rotation over one cache-sized block at
+a time; same values and gradients, bit for bit). ``compiled=True`` fuses the formula into one ``torch.compile``
+kernel that reads ``x`` once and writes once, at a cost of seconds on its first call in a process.
+:func:`apply_rope_` rotates in place. ``benchmarks/run.py`` (``make bench``) measures them against
+transformers, rotary-embedding-torch and torchtune.
 """
 from __future__ import annotations
 
@@ -30,7 +30,7 @@ import torch
 from torch import nn
 
 from ._checks import as_positions, require_int, require_tensor
-from ._compile import CompiledFunction
+from ._rope_kernels import RotationEngine, tables_fit
 from .rope_frequencies import rope_frequencies
 
 LAYOUTS = ("half", "interleaved")
@@ -111,105 +111,9 @@ def _rotation_formula(x, cos, sin, layout):
     return rotated
 
 
-def _rotate_into(out, x, cos, sin, layout):
-    """Write the rotation of ``x`` into ``out`` (``x`` itself for in place): out= kernels, no cat, no autograd.
-
-    Bit for bit the same arithmetic as :func:`_rotation_formula`, with fewer and smaller temporaries.
-    """
-    half = cos.shape[-1]
-    work = x if x.dtype in (torch.float32, torch.float64) else x.float()
-    x1, x2 = _pairs(work, half, layout)
-    out1, out2 = _pairs(out, half, layout)
-    same_dtype = torch.result_type(x1, cos) == out.dtype == torch.result_type(x2, sin)
-    if same_dtype and out is not x:
-        torch.mul(x1, cos, out=out1)
-        scratch = x2 * sin
-        out1.sub_(scratch)
-        torch.mul(x2, cos, out=out2)
-        torch.mul(x1, sin, out=scratch)
-        out2.add_(scratch)
-    elif same_dtype:  # in place: the first half waits in a temporary until x1 has been used
-        first, scratch = x1 * cos, x2 * sin
-        first.sub_(scratch)
-        torch.mul(x1, sin, out=scratch)
-        x2.mul_(cos).add_(scratch)
-        x1.copy_(first)
-    else:  # computed in a wider dtype and rounded once (in place or not)
-        first, scratch = x1 * cos, x2 * sin
-        first.sub_(scratch)
-        in_place = work is out  # then out1 may not be written before the second half is computed
-        if not in_place:
-            out1.copy_(first)
-        second = torch.empty_like(first) if in_place else first
-        torch.mul(x2, cos, out=second)
-        torch.mul(x1, sin, out=scratch)
-        second.add_(scratch)
-        if in_place:
-            out1.copy_(first)
-        out2.copy_(second)
-    if out is not x and x.shape[-1] > 2 * half:
-        out[..., 2 * half :].copy_(x[..., 2 * half :])
-    return out
-
-
-def _rotate_eager(x, cos, sin, layout):
-    return _rotate_into(torch.empty_like(x), x, cos, sin, layout)
-
-
-class _Rotation(torch.autograd.Function):
-    """The out= kernel with its gradient: a rotation's transpose is the rotation by minus the angle."""
-
-    @staticmethod
-    def forward(ctx, x, cos, sin, layout):
-        ctx.save_for_backward(cos, sin)
-        ctx.layout = layout
-        return _rotate_eager(x, cos, sin, layout)
-
-    @staticmethod
-    def backward(ctx, grad):
-        cos, sin = ctx.saved_tensors
-        return _Rotation.apply(grad, cos, -sin, ctx.layout), None, None, None
-
-
-# Below this many elements the plain formula is faster than the out= kernel (fewer Python-level calls).
-_KERNEL_MIN_NUMEL = 1 << 16
-_functorch_active = getattr(torch._C, "_are_functorch_transforms_active", lambda: False)
-
-
-def _tables_fit(x, table) -> bool:
-    """Whether ``x * table`` has the shape of ``x`` (the table broadcasts to ``x``, not the other way)."""
-    return all(t in (1, n) for t, n in zip(reversed(table.shape[:-1]), reversed(x.shape[:-1])))
-
-
-def _kernel_fits(x, cos, sin) -> bool:
-    """Whether the out= kernel computes what the formula does: a large real x that keeps its shape, no
-    traced or functorch-wrapped tensors, no gradient wanted for the tables."""
-    return (x.numel() >= _KERNEL_MIN_NUMEL and x.is_floating_point() and _tables_fit(x, cos)
-            and not torch.compiler.is_compiling() and not _functorch_active()
-            and not (torch.is_grad_enabled() and (cos.requires_grad or sin.requires_grad)))
-
-
-def _rotate_default(x, cos, sin, layout):
-    if not _kernel_fits(x, cos, sin):
-        return _rotation_formula(x, cos, sin, layout)
-    if torch.is_grad_enabled() and x.requires_grad:
-        return _Rotation.apply(x, cos, sin, layout)
-    return _rotate_eager(x, cos, sin, layout)
-
-
-def _rotation_in_place_formula(x, cos, sin, layout):
-    return x.copy_(_rotation_formula(x, cos, sin, layout))
-
-
-def _rotate_in_place(x, cos, sin, layout):
-    if _kernel_fits(x, cos, sin) and not (torch.is_grad_enabled() and x.requires_grad):
-        return _rotate_into(x, x, cos, sin, layout)
-    return _rotation_in_place_formula(x, cos, sin, layout)
-
-
-_compiled_rotation = CompiledFunction(_rotation_formula, _rotate_default, dynamic=True, fullgraph=True)
-_compiled_rotation_in_place = CompiledFunction(_rotation_in_place_formula, _rotate_in_place, dynamic=True,
-                                               fullgraph=True)
+# The fast paths of the same formula (blocked out= kernels with their gradient, torch.compile) live in
+# posenc._rope_kernels; they compute what _rotation_formula computes.
+_ENGINE = RotationEngine(_rotation_formula, _pairs)
 
 
 def _prepare(x, cos, sin, layout):
@@ -229,8 +133,8 @@ def apply_rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, layout: st
     """
     cos, sin = _prepare(x, cos, sin, layout)
     if compiled and not torch.compiler.is_compiling():
-        return _compiled_rotation(x, cos, sin, layout)
-    return _rotate_default(x, cos, sin, layout)
+        return _ENGINE.compiled(x, cos, sin, layout)
+    return _ENGINE.rotate_default(x, cos, sin, layout)
 
 
 def apply_rope_(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, layout: str = "half", *,
@@ -240,12 +144,12 @@ def apply_rope_(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, layout: s
     ``cos`` and ``sin`` must broadcast to ``x`` (not the other way round). Autograd sees an in-place copy.
     """
     cos, sin = _prepare(x, cos, sin, layout)
-    if not _tables_fit(x, cos):
+    if not tables_fit(x, cos):
         raise ValueError(f"cos/sin of shape {tuple(cos.shape)} do not broadcast to x of shape {tuple(x.shape)}; "
                          "apply_rope_ cannot grow x in place")
     if compiled and not torch.compiler.is_compiling():
-        return _compiled_rotation_in_place(x, cos, sin, layout)
-    return _rotate_in_place(x, cos, sin, layout)
+        return _ENGINE.compiled_in_place(x, cos, sin, layout)
+    return _ENGINE.rotate_in_place(x, cos, sin, layout)
 
 
 def rotate(x, positions=None, inv_freq=None, attention_factor: float = 1.0, layout: str = "half", offset=0):

@@ -1,9 +1,17 @@
-"""posenc's fast RoPE kernels.
+"""posenc's fast RoPE kernels (posenc._rope_kernels).
 
-The eager out= kernel is bit for bit transformers' formula (values and gradients); the torch.compile-fused
-kernel agrees within one rounding; torch.compile traces apply_rope without graph breaks; everything runs on
-meta tensors; a failed compile falls back to the eager kernel with one warning.
+The blocked out= kernel is bit for bit transformers' formula (values and gradients), whatever the block size and
+the number of worker threads; the torch.compile-fused kernel agrees within one rounding; torch.compile traces
+apply_rope without graph breaks; everything runs on meta tensors; a failed compile falls back to the eager kernel
+with one warning.
+
+Exact comparisons kept here, each exact by construction: the blocked kernel and rope._rotation_formula (and
+transformers' rotate_half formula) run the same elementwise float operations in the same order on the same
+values (only the blocking of memory and the threads differ, and elementwise results do not depend on either);
+the gradient is the same rotation by -sin, which is exactly autograd's sum of the same two products (negation is
+exact); vmap and torch.compile(backend="eager") replay the same operations.
 """
+import os
 import warnings
 
 import pytest
@@ -14,7 +22,7 @@ from hypothesis import strategies as st
 from reference_rope import HEAD_DIM, MAX_POSITIONS, ROPE_CASES, llama_rotary, rope_parameters
 
 import posenc
-from posenc import rope
+from posenc import _rope_kernels, rope
 from posenc._compile import CompiledFunction
 
 LAYOUTS = ("half", "interleaved")
@@ -24,7 +32,7 @@ DTYPES = (torch.float32, torch.float64, torch.bfloat16, torch.float16)
 @pytest.fixture(autouse=True)
 def _kernel_for_every_size(monkeypatch):
     """Small inputs normally take the plain formula (it is faster there); here they take the kernel under test."""
-    monkeypatch.setattr(rope, "_KERNEL_MIN_NUMEL", 0)
+    monkeypatch.setattr(_rope_kernels, "KERNEL_MIN_NUMEL", 0)
 
 
 def hf_rotation(x, cos_full, sin_full):
@@ -64,7 +72,7 @@ def test_large_inputs_take_the_kernel_by_default(monkeypatch):
     monkeypatch.undo()
     x = torch.randn(1, 8, 128, 64)
     cos, sin = random_tables(128, 32)
-    assert rope._kernel_fits(x, cos, sin) and not rope._kernel_fits(x[:, :2], cos, sin)
+    assert rope._ENGINE.kernel_fits(x, cos, sin) and not rope._ENGINE.kernel_fits(x[:, :2], cos, sin)
     full = (torch.cat((t, t), dim=-1) for t in (cos, sin))
     assert torch.equal(posenc.apply_rope(x, cos, sin), hf_rotation(x, *full))
 
@@ -175,8 +183,8 @@ def failing_backend(graph_module, example_inputs):
 
 
 def test_a_failed_compile_falls_back_to_the_eager_kernel_and_warns_once(monkeypatch):
-    monkeypatch.setattr(rope, "_compiled_rotation",
-                        CompiledFunction(rope._rotation_formula, rope._rotate_default, backend=failing_backend))
+    monkeypatch.setattr(rope._ENGINE, "compiled",
+                        CompiledFunction(rope._rotation_formula, rope._ENGINE.rotate_default, backend=failing_backend))
     x = torch.randn(2, 3, 7, 16)
     cos, sin = random_tables(7, 8)
     with pytest.warns(RuntimeWarning, match="no C\\+\\+ compiler here"):
@@ -185,13 +193,13 @@ def test_a_failed_compile_falls_back_to_the_eager_kernel_and_warns_once(monkeypa
     with warnings.catch_warnings():
         warnings.simplefilter("error")
         assert torch.equal(posenc.apply_rope(x, cos, sin, compiled=True), result)
-    assert set(rope._compiled_rotation.failures) == {"cpu"}
+    assert set(rope._ENGINE.compiled.failures) == {"cpu"}
 
 
 def test_a_missing_cpp_compiler_falls_back(monkeypatch):
     import torch._inductor.config as inductor_config
 
-    function = CompiledFunction(rope._rotation_formula, rope._rotate_default, dynamic=False, fullgraph=True)
+    function = CompiledFunction(rope._rotation_formula, rope._ENGINE.rotate_default, dynamic=False, fullgraph=True)
     x, (cos, sin) = torch.randn(1, 2, 3, 4), random_tables(3, 2)
     with inductor_config.patch({"cpp.cxx": (None, "/nonexistent/posenc-test-c++"), "fx_graph_cache": False,
                                 "autotune_local_cache": False}), pytest.warns(RuntimeWarning, match="eager"):
@@ -199,7 +207,7 @@ def test_a_missing_cpp_compiler_falls_back(monkeypatch):
     assert torch.equal(result, posenc.apply_rope(x, cos, sin))
 
 
-def test_the_compiled_kernel_equals_the_reference_with_gradients():
+def test_the_compiled_kernel_equals_the_reference_with_gradients(monkeypatch):
     """A real inductor build (seconds on first run, then inductor's disk cache)."""
     if not torch._dynamo.is_dynamo_supported():
         pytest.skip("torch.compile is not supported on this platform")
@@ -208,18 +216,92 @@ def test_the_compiled_kernel_equals_the_reference_with_gradients():
     for dtype, layout in ((torch.float32, "half"), (torch.bfloat16, "half")):
         x = (3 * torch.randn(2, 3, 33, 32)).to(dtype)
         expected = posenc.apply_rope(x, cos, sin, layout)
-        with warnings.catch_warnings():
-            warnings.simplefilter("error")  # a fallback would warn
+        with warnings.catch_warnings(record=True) as caught:
+            warnings.simplefilter("always")
             actual = posenc.apply_rope(x, cos, sin, layout, compiled=True)
+        # posenc's fallback warning would mean nothing was compiled; warnings from inside torch's own compiler
+        # (e.g. a DeprecationWarning under ATEN_CPU_CAPABILITY=default) are not posenc's business
+        fallbacks = [str(w.message) for w in caught if str(w.message).startswith("posenc: torch.compile")]
+        if fallbacks and os.environ.get("ATEN_CPU_CAPABILITY") == "default":
+            # torch 2.13's inductor emits at::vec code that does not build without a vector ISA (".ci/run"'s
+            # second pass); the fallback itself is tested by the two tests above
+            pytest.skip(f"inductor cannot build C++ kernels with ATEN_CPU_CAPABILITY=default: {fallbacks[0][:200]}")
+        assert not fallbacks, fallbacks
         # one rounding of the float32 result at most; for bf16, one unit in the last place
         tolerance = dict(rtol=2**-7, atol=0) if dtype == torch.bfloat16 else dict(rtol=1e-6, atol=1e-6)
         torch.testing.assert_close(actual, expected, **tolerance)
-    in_place = rope.apply_rope_(x.clone(), cos, sin, layout, compiled=True)
-    torch.testing.assert_close(in_place, expected, rtol=1e-6, atol=1e-6)
+    with monkeypatch.context() as patch:  # small inputs: the fused in-place kernel, not the blocked one
+        patch.setattr(_rope_kernels, "KERNEL_MIN_NUMEL", 1 << 16)
+        x = (3 * torch.randn(2, 3, 33, 32)).to(torch.bfloat16)
+        expected = posenc.apply_rope(x, cos, sin, layout)
+        in_place = rope.apply_rope_(x.clone(), cos, sin, layout, compiled=True)
+    torch.testing.assert_close(in_place, expected, rtol=2**-7, atol=0)
     x = torch.randn(2, 3, 33, 32, requires_grad=True)
     grad = torch.randn(2, 3, 33, 32)
     expected, = torch.autograd.grad(posenc.apply_rope(x, cos, sin), x, grad)
     actual, = torch.autograd.grad(posenc.apply_rope(x, cos, sin, compiled=True), x, grad)
     torch.testing.assert_close(actual, expected, rtol=1e-6, atol=1e-6)
-    assert not rope._compiled_rotation.failures
+    assert not rope._ENGINE.compiled.failures and not rope._ENGINE._compiled_in_place.failures
     assert torch._dynamo.utils.counters["stats"]["unique_graphs"] > graphs  # really compiled, not skipped
+
+
+def _blocked(x, cos, sin, layout, block, threads, in_place=False):
+    cos, sin = (rope._align_table(t, x) for t in (cos, sin))
+    out = x if in_place else torch.empty_like(x)
+    return rope._ENGINE.rotate_into(out, x, cos, sin, layout, block_elements=block, threads=threads)
+
+
+@settings(max_examples=60, deadline=None)
+@given(dtype=st.sampled_from(DTYPES), layout=st.sampled_from(LAYOUTS), pairs=st.integers(1, 8),
+       extra=st.integers(0, 3), length=st.integers(1, 23), batch_tables=st.booleans(), transposed=st.booleans(),
+       block=st.integers(1, 400), threads=st.integers(1, 3), seed=st.integers(0, 2**16))
+def test_blocked_kernel_is_bit_exact_for_any_block_size_and_threads(dtype, layout, pairs, extra, length,
+                                                                      batch_tables, transposed, block, threads,
+                                                                      seed):
+    """Blocks that cut through heads and sequences at odd places (tails of every loop), any worker count."""
+    torch.manual_seed(seed)
+    head_dim = 2 * (pairs + extra)
+    x = torch.randn(2, length, 3, head_dim).transpose(1, 2) if transposed else torch.randn(2, 3, length, head_dim)
+    x = (4 * x).to(dtype)
+    cos, sin = random_tables(*((2, length, pairs) if batch_tables else (length, pairs)))
+    expected = rope._rotation_formula(x, *(rope._align_table(t, x) for t in (cos, sin)), layout)
+    assert torch.equal(_blocked(x, cos, sin, layout, block, threads), expected)
+    copy = x.clone()
+    assert torch.equal(_blocked(copy, cos, sin, layout, block, threads, in_place=True), expected)
+
+
+def test_blocks_cover_every_element_once():
+    for shape in ((2, 3, 37, 20), (5, 16), (1, 1, 1, 2), (3, 1, 4, 7, 6)):
+        for target in (1, 6, 20, 50, 10**6):
+            seen = torch.zeros(shape, dtype=torch.int64)
+            for index in _rope_kernels._blocks(shape, max(target, shape[-1])):
+                seen[index] += 1
+            assert torch.equal(seen, torch.ones_like(seen)), (shape, target)
+
+
+def test_blocked_kernel_respects_the_callers_grad_and_inference_modes():
+    x = torch.randn(2, 3, 50, 8, requires_grad=True)
+    cos, sin = random_tables(50, 4)
+    with torch.no_grad():  # in place on a leaf that requires grad is fine without grad mode, in every worker
+        y = x.detach().clone().requires_grad_()
+        _blocked(y, cos, sin, "half", 16, 2, in_place=True)
+        assert torch.equal(y, rope._rotation_formula(x.detach(), cos, sin, "half"))
+    with torch.inference_mode():
+        z = torch.randn(2, 3, 50, 8)
+        assert torch.equal(_blocked(z, cos, sin, "half", 16, 2), rope._rotation_formula(z, cos, sin, "half"))
+        assert torch.equal(_blocked(z.clone(), cos, sin, "half", 16, 2, in_place=True),
+                           rope._rotation_formula(z, cos, sin, "half"))
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("layout", LAYOUTS)
+def test_blocked_gradients_are_bit_exact_with_autograd_of_the_formula(dtype, layout, monkeypatch):
+    """Batched (per-sequence) tables, partial rotary and an odd length, with blocks that cut the sequence."""
+    monkeypatch.setattr(_rope_kernels, "BLOCK_ELEMENTS", 30)
+    x = (3 * torch.randn(2, 3, 13, 10)).to(dtype).requires_grad_()
+    cos, sin = random_tables(2, 13, 4)
+    grad = torch.randn(2, 3, 13, 10).to(dtype)
+    expected, = torch.autograd.grad(rope._rotation_formula(x, *(rope._align_table(t, x) for t in (cos, sin)),
+                                                           layout), x, grad)
+    actual, = torch.autograd.grad(posenc.apply_rope(x, cos, sin, layout), x, grad)
+    assert torch.equal(actual, expected)
