@@ -31,7 +31,7 @@ from torch import nn
 
 from ._checks import as_positions, require_int, require_tensor
 from ._rope_kernels import RotationEngine, tables_fit
-from .rope_frequencies import rope_frequencies
+from .rope_frequencies import ROPE_TYPES, check_rope_parameters, rope_frequencies
 
 LAYOUTS = ("half", "interleaved")
 
@@ -225,14 +225,14 @@ class RotaryEmbedding(nn.Module):
                  layout: str = "half", compiled: bool = False):
         super().__init__()
         self.head_dim, self.layout, self.compiled = head_dim, _check_layout(layout), compiled
-        self.rope_parameters = dict(rope_parameters or {})
+        self.rope_parameters = check_rope_parameters(rope_parameters)  # legacy "type" becomes "rope_type"
         self.max_position_embeddings = max_position_embeddings
         inv_freq, self.attention_factor = rope_frequencies(head_dim, self.rope_parameters, max_position_embeddings)
         self.register_buffer("inv_freq", inv_freq, persistent=False)
 
     def _frequencies_for(self, positions: torch.Tensor, seq_len: int | None = None):
         # dynamic NTK and LongRoPE pick their table from the length actually reached
-        if self.rope_parameters.get("rope_type") in ("dynamic", "longrope"):
+        if ROPE_TYPES[self.rope_parameters["rope_type"]].uses_seq_len:
             if seq_len is None:  # read back from the positions: a device sync, impossible on meta tensors
                 seq_len = int(positions.max()) + 1
             return rope_frequencies(self.head_dim, self.rope_parameters, self.max_position_embeddings,

@@ -187,3 +187,15 @@ class TestBadInput:
     def test_permutation_needs_whole_heads(self):
         with pytest.raises(ValueError, match="n_heads"):
             posenc.permute_qk_weight(torch.randn(10, 4), n_heads=3)
+
+
+def test_rotary_embedding_reads_the_legacy_type_key_like_rope_type():
+    # {"type": "dynamic"} is the legacy spelling of rope_type (transformers accepts it); the module must rescale
+    # per length with it exactly as with rope_type (same function, same numbers: exact)
+    legacy = posenc.RotaryEmbedding(64, {"type": "dynamic", "factor": 2.0}, max_position_embeddings=256)
+    current = posenc.RotaryEmbedding(64, {"rope_type": "dynamic", "factor": 2.0}, max_position_embeddings=256)
+    positions = torch.arange(1000)
+    for a, b in zip(legacy.cos_sin(positions), current.cos_sin(positions)):
+        assert torch.equal(a, b)
+    plain = posenc.RotaryEmbedding(64, max_position_embeddings=256)
+    assert not torch.equal(legacy.cos_sin(positions)[0], plain.cos_sin(positions)[0])
