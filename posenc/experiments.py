@@ -10,13 +10,14 @@ from __future__ import annotations
 import copy
 import math
 from html import escape
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 import torch
 from torch import nn
 from torch.func import functional_call, stack_module_state, vmap
 
 from . import encodings as enc
+from ._checks import require_int
 from .attention import self_attention
 from .groups import GroupEncoding, jordan_generator, xpos_generator
 from .tasks import IGNORE_INDEX, CopyTask
@@ -28,7 +29,7 @@ class ExperimentConfig:
 
     vocab_size: int = 16
     train_length: int = 16
-    length_factors: tuple = (1, 2, 4)  # evaluate at train_length times each
+    length_factors: tuple = (1, 2, 4, 16, 32)  # evaluate at train_length times each
     d_model: int = 32
     n_heads: int = 4
     n_layers: int = 2
@@ -39,8 +40,9 @@ class ExperimentConfig:
     weight_decay: float = 0.01
     warmup_steps: int = 20
     eval_batch_size: int = 256
+    eval_tokens: int = 4_096  # longer evaluations use fewer sequences: about this many tokens, at least 8 rows
     eval_seed: int = 12_345
-    seeds: tuple = (0, 1, 2)
+    seeds: tuple = (0, 1, 2, 3, 4)
 
     @property
     def head_dim(self) -> int:
@@ -49,6 +51,29 @@ class ExperimentConfig:
     @property
     def eval_lengths(self) -> tuple:
         return tuple(self.train_length * factor for factor in self.length_factors)
+
+    def eval_batch(self, length: int) -> int:
+        """Sequences in the evaluation batch at ``length``: ``eval_batch_size``, fewer when ``length`` is long."""
+        return min(self.eval_batch_size, max(8, self.eval_tokens // length))
+
+
+JORDAN_DAMPING = -0.05  # eigenvalue a of the damped Jordan variant: its maps carry e^{a t}
+
+
+def jordan_frequencies(head_dim: int, base: float = 10_000.0) -> torch.Tensor:
+    """The rotation frequency of every feature pair of :func:`posenc.groups.jordan_generator` ``(head_dim)``:
+    ``(head_dim / 2,)`` float64. Each copy (a 4 x 4 block, two pairs) turns at ``b_c = base^(-c / n_copies)``."""
+    copies = head_dim // 4
+    return (base ** (-torch.arange(copies, dtype=torch.float64) / copies)).repeat_interleave(2)
+
+
+def jordan_rotation_generator(head_dim: int, eigenvalue: float = 0.0, base: float = 10_000.0,
+                              dtype=torch.float32) -> torch.Tensor:
+    """The control for the Jordan block: :func:`posenc.groups.jordan_generator` ``(head_dim, eigenvalue)`` without
+    its nilpotent part, i.e. (damped) rotations, Jordan blocks of size 1, at the Jordan generator's own
+    frequencies: ``(D, D)``."""
+    return jordan_generator(head_dim, eigenvalue=eigenvalue, frequency=jordan_frequencies(head_dim, base), block=1,
+                            dtype=dtype)
 
 
 # name -> (label, causal, factory(config) -> PositionalEncoding)
@@ -63,6 +88,12 @@ ENCODINGS = {
     "alibi": ("ALiBi", True, lambda c: enc.ALiBi(c.n_heads, causal=True)),
     "xpos": ("xPos (damped RoPE)", True, lambda c: GroupEncoding(xpos_generator(c.head_dim))),
     "jordan": ("Jordan block", True, lambda c: GroupEncoding(jordan_generator(c.head_dim))),
+    "jordan-damped": ("Jordan block, damped", True,
+                      lambda c: GroupEncoding(jordan_generator(c.head_dim, eigenvalue=JORDAN_DAMPING))),
+    "jordan-rotation": ("rotation at Jordan's frequencies", True,
+                        lambda c: GroupEncoding(jordan_rotation_generator(c.head_dim))),
+    "jordan-rotation-damped": ("rotation at Jordan's frequencies, damped", True,
+                               lambda c: GroupEncoding(jordan_rotation_generator(c.head_dim, JORDAN_DAMPING))),
 }
 
 
@@ -165,9 +196,14 @@ class Ensemble:
     only with fewer Python calls.
     """
 
-    def __init__(self, name: str, config: ExperimentConfig, device=None):
+    def __init__(self, name: str, config: ExperimentConfig, device=None, models=None):
         self.name, self.config = name, config
-        self.models = [build_model(name, config, seed, device) for seed in config.seeds]
+        if models is None:
+            self.models = [build_model(name, config, seed, device) for seed in config.seeds]
+        else:  # continue from trained models (a fine-tune): copies, so the originals stay as they are
+            if len(models) != len(config.seeds):
+                raise ValueError(f"models must hold one model per seed ({len(config.seeds)}), got {len(models)}")
+            self.models = [copy.deepcopy(model).to(device) for model in models]
         self.params, _ = stack_module_state(self.models)
         # buffers (RoPE frequencies, ALiBi slopes, group generators) are fixed tables, the same for every seed
         self.buffers = dict(self.models[0].named_buffers())
@@ -192,12 +228,13 @@ class Ensemble:
         return self.models
 
 
-def train(task: CopyTask, name: str, config: ExperimentConfig, device=None):
-    """Train one model per seed with AdamW on freshly drawn batches.
+def train(task: CopyTask, name: str, config: ExperimentConfig, device=None, models=None):
+    """Train one model per seed with AdamW on freshly drawn batches of length ``config.train_length``.
 
+    ``models``: one model per seed to continue from (a fine-tune; they are copied, not changed), else fresh ones.
     Returns the :class:`Ensemble` and the losses, a float tensor ``(n_seeds, steps)``.
     """
-    ensemble = Ensemble(name, config, device)
+    ensemble = Ensemble(name, config, device, models)
     optimizer = torch.optim.AdamW(list(ensemble.params.values()), lr=config.learning_rate,
                                   weight_decay=config.weight_decay, foreach=True)
     schedule = torch.optim.lr_scheduler.LambdaLR(optimizer, lambda step: _learning_rate_factor(step, config))
@@ -221,7 +258,7 @@ def train(task: CopyTask, name: str, config: ExperimentConfig, device=None):
 def evaluation_data(task: CopyTask, length: int, config: ExperimentConfig, device=None):
     """The fixed evaluation batch at ``length`` (the same for every encoding and seed)."""
     generator = torch.Generator().manual_seed(config.eval_seed + length)
-    return task.sample(config.eval_batch_size, length, config.vocab_size, generator, device)
+    return task.sample(config.eval_batch(length), length, config.vocab_size, generator, device)
 
 
 @torch.no_grad()
@@ -233,6 +270,13 @@ def evaluate(model: TinyTransformer, task: CopyTask, length: int, config: Experi
     correct = (model(inputs).argmax(dim=-1) == targets) & mask
     per_position = correct.sum(0).float() / mask.sum(0).float()  # NaN where no target
     return (correct.sum() / mask.sum()).item(), per_position.cpu()
+
+
+def accuracies(models: list, task: CopyTask, config: ExperimentConfig, lengths=None) -> torch.Tensor:
+    """Accuracy of each model (one per seed) at each of ``lengths`` (default ``config.eval_lengths``):
+    ``(n_models, n_lengths)``."""
+    lengths = config.eval_lengths if lengths is None else tuple(lengths)
+    return torch.tensor([[evaluate(model, task, length, config)[0] for length in lengths] for model in models])
 
 
 def run_encoding(task: CopyTask, name: str, config: ExperimentConfig, device=None) -> list:
@@ -272,6 +316,38 @@ def mean_position_accuracy(runs: list, task: str, name: str, length: int) -> tor
     if not values:
         raise ValueError(f"no run of encoding {name!r} on task {task!r}")
     return torch.stack(values).mean(0)
+
+
+def with_rope(models: list, rope_parameters: dict, original_length: int) -> list:
+    """Copies of RoPE models whose rotary table is rebuilt from ``rope_parameters`` (a transformers-style dict such
+    as ``{"rope_type": "yarn", "factor": 4.0}``), with ``original_length`` as the trained context (transformers'
+    ``max_position_embeddings``; the dict may also name ``original_max_position_embeddings``)."""
+    extended = []
+    for model in models:
+        if not isinstance(model.encoding, enc.RoPE):
+            raise TypeError(f"models must use RoPE, got {type(model.encoding).__name__}")
+        rotary = model.encoding.rotary
+        base = rotary.rope_parameters.get("rope_theta", 10_000.0)
+        copy_ = copy.deepcopy(model)
+        copy_.encoding = enc.RoPE(rotary.head_dim, {"rope_theta": base, **rope_parameters},
+                                  max_position_embeddings=original_length, layout=rotary.layout).to(
+                                      rotary.inv_freq.device)
+        extended.append(copy_)
+    return extended
+
+
+def fine_tune(models: list, task: CopyTask, config: ExperimentConfig, length: int, steps: int,
+              batch_size: int | None = None, learning_rate: float | None = None, device=None):
+    """Continue training copies of ``models`` (one per seed of ``config``) for ``steps`` steps at ``length``, with
+    the optimiser and schedule of :func:`train` (warm-up over a tenth of the steps); ``batch_size`` and
+    ``learning_rate`` default to the config's. Returns the fine-tuned copies."""
+    tuned = replace(config, train_length=require_int("length", length, minimum=1),
+                    steps=require_int("steps", steps, minimum=1), warmup_steps=max(1, steps // 10),
+                    batch_size=config.batch_size if batch_size is None else require_int("batch_size", batch_size,
+                                                                                         minimum=1),
+                    learning_rate=config.learning_rate if learning_rate is None else learning_rate)
+    ensemble, _ = train(task, "rope", tuned, device, models=models)
+    return ensemble.trained_models()
 
 
 def format_table(header: list, rows: list, html: bool = False) -> str:
@@ -329,6 +405,7 @@ def position_probe_r2(hidden: torch.Tensor) -> float:
     return (1 - (error**2).sum() / ((position[~train] - position[~train].mean()) ** 2).sum()).item()
 
 
-__all__ = ["ExperimentConfig", "ENCODINGS", "encoding_label", "Block", "TinyTransformer", "build_model", "Run",
+__all__ = ["ExperimentConfig", "ENCODINGS", "JORDAN_DAMPING", "jordan_frequencies", "jordan_rotation_generator",
+           "with_rope", "fine_tune", "accuracies", "encoding_label", "Block", "TinyTransformer", "build_model", "Run",
            "Ensemble", "train", "evaluation_data", "evaluate", "run_encoding", "run_experiments", "accuracy_spread",
            "mean_position_accuracy", "format_table", "results_table", "position_probe_r2"]

@@ -73,6 +73,8 @@ def test_ntk_aware_base_is_dynamic_ntk_at_the_scaled_length(scale):
     ntk, _ = posenc.rope_frequencies(HEAD_DIM, {"rope_theta": ntk_base}, ORIGINAL)
     dynamic, _ = posenc.rope_frequencies(HEAD_DIM, {"rope_type": "dynamic", "rope_theta": BASE, "factor": 1.0},
                                          ORIGINAL, seq_len=int(scale * ORIGINAL))
+    # exact by construction: scale * ORIGINAL / ORIGINAL is exactly scale for these values, so both compute the
+    # same base with the same operations; pair 0 is base'^0 = 1 exactly
     assert torch.equal(ntk, dynamic)
     assert math.isclose(ROPE[-1] / ntk[-1], scale, rel_tol=1e-5) and ntk[0] == 1.0
 
@@ -80,6 +82,7 @@ def test_ntk_aware_base_is_dynamic_ntk_at_the_scaled_length(scale):
 @pytest.mark.parametrize("scale", [2, 4, 8])
 def test_tradeoffs_of_unscaled_and_interpolated_tables(scale):
     extended = scale * ORIGINAL
+    # finest_step == 1 and 1 / scale: theta_0 = 1 exactly, and dividing by a power of two is exact
     unscaled = ext.tradeoffs(ROPE, ROPE, ORIGINAL, extended)
     assert unscaled["kept_pairs"] == 64 and unscaled["unseen_pairs"] == 18 and unscaled["finest_step"] == 1.0
     assert math.isclose(unscaled["worst_overshoot"], scale, rel_tol=1e-6)
@@ -94,7 +97,7 @@ def test_tradeoffs_of_unscaled_and_interpolated_tables(scale):
 def test_unseen_arc_caps_at_a_full_turn(scale):
     arc = ext.unseen_arc(ROPE, ROPE, ORIGINAL, int(scale * ORIGINAL))
     turned_in_training = ext.turns(ROPE, ORIGINAL) >= 1
-    assert torch.all(arc[turned_in_training] == 1)
+    assert torch.all(arc[turned_in_training] == 1)  # exact: both arcs are capped at the same 2 pi
     assert torch.all(arc >= 1 - 1e-6) and torch.all(arc <= scale + 1e-6)
 
 
@@ -109,3 +112,45 @@ def test_bad_arguments_name_themselves():
         ext.unseen_arc(ROPE[:10], ROPE, ORIGINAL, ORIGINAL)
     with pytest.raises(ValueError, match="trained_length"):
         ext.tradeoffs(ROPE, ROPE, 0, ORIGINAL)
+
+
+def test_score_kernel_starts_at_the_temperature_squared_and_stretches_with_interpolation():
+    distances = torch.arange(0, 2000, dtype=torch.float64)
+    kernel = ext.score_kernel(ROPE, distances)
+    assert math.isclose(kernel[0].item(), 1.0, rel_tol=1e-15) and (kernel.abs() <= 1 + 1e-12).all()
+    assert math.isclose(ext.score_kernel(ROPE, distances[:1], 1.5)[0].item(), 2.25, rel_tol=1e-15)
+    stretched = ext.score_kernel(ROPE / 4, 4 * distances[:500])  # dividing by 4 is exact in float32
+    assert torch.allclose(stretched, kernel[:500], atol=1e-12)  # cos of the same float64 angles
+    with pytest.raises(ValueError, match="attention_factor"):
+        ext.score_kernel(ROPE, distances, attention_factor=0.0)
+
+
+def test_critical_dimension_of_llama_2_and_the_extrapolation_bound():
+    assert ext.critical_pair(HEAD_DIM, BASE, ORIGINAL) == 46  # d_c = 92 (Liu et al. 2023)
+    assert int((ext.turns(ROPE, ORIGINAL) < 1).sum()) == HEAD_DIM // 2 - 46
+    assert math.isclose(ext.extrapolation_bound(HEAD_DIM, BASE, 92), ext.wavelengths(ROPE)[46].item(), rel_tol=1e-6)
+    assert 128_000 < ext.extrapolation_bound(HEAD_DIM, 1e6, 92) < 130_000
+    assert ext.critical_pair(HEAD_DIM, BASE, 1) == 0 and ext.critical_pair(HEAD_DIM, BASE, 10**30) == 64
+    with pytest.raises(ValueError, match="base"):
+        ext.critical_pair(HEAD_DIM, 1.0, ORIGINAL)
+    with pytest.raises(ValueError, match="head_dim"):
+        ext.critical_pair(7, BASE, ORIGINAL)
+
+
+def test_phi3_longrope_lists_are_monotone_and_match_transformers():
+    transformers = pytest.importorskip("transformers")
+    from transformers.modeling_rope_utils import ROPE_INIT_FUNCTIONS
+    phi3 = ext.PHI3_VISION_128K
+    assert len(phi3["long_factor"]) == len(phi3["short_factor"]) == phi3["head_dim"] // 2
+    parameters = {"rope_type": "longrope", "rope_theta": phi3["rope_theta"],
+                  "original_max_position_embeddings": phi3["original_max_position_embeddings"],
+                  "long_factor": phi3["long_factor"], "short_factor": phi3["short_factor"]}
+    config = transformers.LlamaConfig(hidden_size=4 * phi3["head_dim"], num_attention_heads=4,
+                                      max_position_embeddings=phi3["max_position_embeddings"],
+                                      rope_parameters=dict(parameters))
+    for seq_len in (phi3["original_max_position_embeddings"], phi3["max_position_embeddings"]):
+        ours = posenc.rope_frequencies(phi3["head_dim"], parameters, phi3["max_position_embeddings"], seq_len)
+        theirs = ROPE_INIT_FUNCTIONS["longrope"](config, None, seq_len)
+        assert torch.equal(ours[0], theirs[0]) and ours[1] == theirs[1]  # same operations, same order
+    long = torch.tensor(phi3["long_factor"])
+    assert (long.diff() >= 0).all() and long[0] < 1.05 and long[-1] > 64

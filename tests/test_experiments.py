@@ -7,12 +7,15 @@ import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from posenc.experiments import (ENCODINGS, ExperimentConfig, accuracy_spread, build_model,
-                                encoding_label, evaluate, results_table, run_encoding, run_experiments, train)
+from posenc.experiments import (ENCODINGS, ExperimentConfig, accuracies, accuracy_spread, build_model,
+                                encoding_label, evaluate, fine_tune, jordan_frequencies, jordan_rotation_generator,
+                                results_table, run_encoding, run_experiments, train, with_rope)
+from posenc.groups import jordan_generator
 from posenc.tasks import IGNORE_INDEX, CopyBack, FetchPosition, position_blind_accuracy
 
-TINY = ExperimentConfig(vocab_size=8, train_length=8, d_model=16, n_heads=2, n_layers=1, d_mlp=32, steps=40,
-                        batch_size=16, learning_rate=1e-2, warmup_steps=5, eval_batch_size=32, seeds=(0, 1))
+TINY = ExperimentConfig(vocab_size=8, train_length=8, length_factors=(1, 2, 4), d_model=16, n_heads=2, n_layers=1,
+                        d_mlp=32, steps=40, batch_size=16, learning_rate=1e-2, warmup_steps=5, eval_batch_size=32,
+                        seeds=(0, 1))
 
 
 @pytest.fixture(autouse=True, scope="module")
@@ -132,6 +135,7 @@ def test_training_lowers_the_loss():
 
 
 def test_two_runs_give_identical_numbers():
+    # exact on purpose: the same process runs the same operations in the same order on one thread
     first = run_experiments([FetchPosition(1)], ["learned", "alibi"], TINY)
     again = run_experiments([FetchPosition(1)], ["learned", "alibi"], TINY)
     assert [(r.losses, r.accuracy) for r in first] == [(r.losses, r.accuracy) for r in again]
@@ -172,3 +176,53 @@ def test_evaluation_and_table_agree():
                          html=True)
     assert html.count("<tr>") == 3 and f'<td style="text-align:right">{cell}</td>' in html
     assert "bound &lt;x&gt;" in html and " 12.5</td>" in html
+
+
+# the Jordan controls, long evaluations, rescaled RoPE and fine-tuning -------------------------------------------
+@pytest.mark.parametrize("head_dim", [8, 16])
+def test_the_jordan_control_is_the_jordan_generator_without_its_nilpotent_part(head_dim):
+    jordan = jordan_generator(head_dim, dtype=torch.float64)
+    control = jordan_rotation_generator(head_dim, dtype=torch.float64)
+    nilpotent = jordan - control
+    # exact: the entries are 0, 1 or one frequency, and each product entry has at most one non-zero term
+    assert set(nilpotent.unique().tolist()) == {0.0, 1.0}
+    assert torch.equal(nilpotent @ nilpotent, torch.zeros_like(nilpotent))
+    assert torch.equal(nilpotent @ control, control @ nilpotent)
+    frequencies = torch.linalg.eigvals(control).imag.abs().sort().values
+    assert torch.allclose(frequencies, jordan_frequencies(head_dim).repeat_interleave(2).sort().values, atol=1e-12)
+    damped = jordan_rotation_generator(head_dim, eigenvalue=-0.05, dtype=torch.float64)
+    assert torch.allclose(torch.linalg.eigvals(damped).real, torch.full((head_dim,), -0.05, dtype=torch.float64),
+                          atol=1e-12)
+
+
+def test_long_evaluations_use_fewer_sequences():
+    config = ExperimentConfig()
+    assert [config.eval_batch(n) for n in config.eval_lengths] == [256, 128, 64, 16, 8]
+    assert config.eval_batch(10**6) == 8
+
+
+def test_with_rope_swaps_only_the_table():
+    models = train(CopyBack(1), "rope", replace(TINY, steps=5))[0].trained_models()
+    tokens = torch.randint(TINY.vocab_size, (3, 20), generator=torch.Generator().manual_seed(0))
+    same = with_rope(models, {"rope_type": "default"}, TINY.train_length)
+    # exact by construction: the rebuilt table is computed by the same code from the same parameters
+    assert all(torch.equal(a(tokens), b(tokens)) for a, b in zip(models, same))
+    stretched = with_rope(models, {"rope_type": "linear", "factor": 4.0}, TINY.train_length)
+    assert torch.allclose(stretched[0].encoding.rotary.inv_freq, models[0].encoding.rotary.inv_freq / 4)
+    assert not torch.allclose(stretched[0](tokens), models[0](tokens))
+    with pytest.raises(TypeError, match="RoPE"):
+        with_rope([build_model("alibi", TINY, 0)], {"rope_type": "default"}, 8)
+
+
+def test_fine_tune_trains_copies_and_leaves_the_models_alone():
+    models = train(CopyBack(1), "rope", replace(TINY, steps=5))[0].trained_models()
+    before = [m.embed.weight.detach().clone() for m in models]
+    tuned = fine_tune(models, CopyBack(1), TINY, length=16, steps=3, batch_size=4)
+    assert all(torch.equal(m.embed.weight, b) for m, b in zip(models, before))
+    assert all(not torch.allclose(t.embed.weight, b) for t, b in zip(tuned, before))
+    table = accuracies(tuned, CopyBack(1), TINY, lengths=(8, 16))
+    assert table.shape == (2, 2) and ((0 <= table) & (table <= 1)).all()
+    with pytest.raises(ValueError, match="one model per seed"):
+        fine_tune(models[:1], CopyBack(1), TINY, length=16, steps=3)
+    with pytest.raises(ValueError, match="steps"):
+        fine_tune(models, CopyBack(1), TINY, length=16, steps=0)
