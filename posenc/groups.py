@@ -38,7 +38,9 @@ float32). Everything is computed in float64 (complex128), on the generator's dev
 3. a real or imaginary part below ``tol * ||X||`` counts as zero.
 
 A normal generator (``X X^T = X^T X`` within ``tol``; RoPE, xPos, RetNet, decay in their natural basis) is
-diagonalisable, so every block has size 1 and step 2 is skipped. Its eigenvalues are perfectly conditioned, so with
+diagonalisable, so every block has size 1 and step 2 is skipped; since the commutator is quadratic in a Jordan
+coupling, a cluster of equal eigenvalues is still confirmed diagonalisable by the rank of ``X - mu I`` (else the
+generator takes the general path). Its eigenvalues are perfectly conditioned, so with
 the default ``tol`` the resolution for "equal" and "zero" is the round-off bound of the generator's own entries and
 of the eigensolver, ``NORMAL_SAFETY * (eps * ||X||_F + D * eps_64 * ||X||_2)``, when that is smaller than
 ``tol * ||X||``: in float32 this keeps xPos's slowest
@@ -169,7 +171,11 @@ def decay_generator(dim: int, rates, dtype=torch.float32, device=None) -> torch.
 
 def jordan_generator(head_dim: int, eigenvalue=0.0, frequency=None, block: int = 2, base: float = 10_000.0,
                      dtype=torch.float32, device=None) -> torch.Tensor:
-    """The exotic class: copies of one real Jordan block, so ``exp(tX)`` is polynomial in ``t``.
+    """Copies of one Jordan block, so ``exp(tX)`` is ``e^{at}`` (times a rotation) times a polynomial in ``t``.
+
+    With ``block >= 2`` and ``eigenvalue <= 0``, ``frequency = 0`` gives the family ``real jordan`` (unipotent for
+    ``eigenvalue = 0``, ALiBi's kind) and a complex pair gives ``jordan``, the exotic class; ``block = 1`` gives
+    decays or (damped) rotations.
 
     * ``frequency = 0``: a real Jordan block of size ``block`` for ``eigenvalue = a``; ``exp(tX)`` has entry
       ``(i, i + j) = e^{at} t^j / j!``. ``head_dim`` must be a multiple of ``block``.
@@ -484,9 +490,19 @@ def classify_generator(generator: torch.Tensor, tol: float | None = None) -> lis
     if normal:  # diagonalisable: only merge (numerically) equal eigenvalues
         values = torch.linalg.eigvals(x)
         equal = torch.full((dim, dim), resolution, dtype=torch.float64, device=x.device)
-        for cluster in _link_clusters(values, equal):
-            found.append((complex(values[cluster].mean().item()), {1: len(cluster)}))
-    else:
+        clusters = [(complex(values[c].mean().item()), len(c)) for c in _link_clusters(values, equal)]
+        # the commutator is quadratic in a Jordan coupling e (||[X, X^H]|| ~ e^2), so the test above lets couplings
+        # up to sqrt(tol) ||X|| through, far above what the ranks resolve (e.g. ALiBi's block beside a rotation 1000
+        # times faster, in float32). A cluster of m equal eigenvalues of a normal matrix has m singular values of
+        # X - mu I below the cluster's spread ((m - 1) * resolution); a Jordan coupling leaves one of size ~e.
+        eye = torch.eye(dim, dtype=x.dtype, device=x.device)
+        normal = all(m == 1 or int((torch.linalg.svdvals(x - mu * eye) <= m * resolution).sum()) >= m
+                     for mu, m in clusters)
+        if normal:
+            found.extend((mu, {1: m}) for mu, m in clusters)
+        else:
+            resolution = tol * scale  # not normal after all: the general resolution
+    if not normal:
         values, kappa = _condition_numbers(x)
         # eigenvalues i, j may be one eigenvalue split by round-off when they are closer than their sensitivity
         # kappa beyond 1/eps only comes from exactly parallel eigenvectors: an exact, unsplit multiple eigenvalue
