@@ -38,7 +38,10 @@ float32). Everything is computed in float64 (complex128), on the generator's dev
 3. a real or imaginary part below ``tol * ||X||`` counts as zero.
 
 A normal generator (``X X^T = X^T X`` within ``tol``; RoPE, xPos, RetNet, decay in their natural basis) is
-diagonalisable, so every block has size 1 and step 2 is skipped. Its eigenvalues are perfectly conditioned, so with
+diagonalisable, so every block has size 1 and step 2 is skipped. Since the commutator is quadratic in a Jordan
+coupling ``e``, normality is confirmed by the departure from normality (the strict upper part of a Schur form), which
+is linear in ``e`` and must lie below ``tol * ||X||``, the ranks' resolution; otherwise the generator takes the
+general path. Its eigenvalues are perfectly conditioned, so with
 the default ``tol`` the resolution for "equal" and "zero" is the round-off bound of the generator's own entries and
 of the eigensolver, ``NORMAL_SAFETY * (eps * ||X||_F + D * eps_64 * ||X||_2)``, when that is smaller than
 ``tol * ||X||``: in float32 this keeps xPos's slowest
@@ -169,7 +172,11 @@ def decay_generator(dim: int, rates, dtype=torch.float32, device=None) -> torch.
 
 def jordan_generator(head_dim: int, eigenvalue=0.0, frequency=None, block: int = 2, base: float = 10_000.0,
                      dtype=torch.float32, device=None) -> torch.Tensor:
-    """The exotic class: copies of one real Jordan block, so ``exp(tX)`` is polynomial in ``t``.
+    """Copies of one Jordan block, so ``exp(tX)`` is ``e^{at}`` (times a rotation) times a polynomial in ``t``.
+
+    With ``block >= 2`` and ``eigenvalue <= 0``, ``frequency = 0`` gives the family ``real jordan`` (unipotent for
+    ``eigenvalue = 0``, ALiBi's kind) and a complex pair gives ``jordan``, the exotic class; ``block = 1`` gives
+    decays or (damped) rotations.
 
     * ``frequency = 0``: a real Jordan block of size ``block`` for ``eigenvalue = a``; ``exp(tX)`` has entry
       ``(i, i + j) = e^{at} t^j / j!``. ``head_dim`` must be a multiple of ``block``.
@@ -453,6 +460,22 @@ def _resolve(x, values, links, indices, cap, floor, tol, found):
             found.extend((complex(values[i].item()), {1: 1}) for i in members)
 
 
+def _eigenvalues_and_departure(x: torch.Tensor) -> tuple[torch.Tensor, float]:
+    """Eigenvalues ``(D,)`` of ``x`` and its departure from normality ``||N||_F``, ``N`` the strict upper part of a
+    Schur form ``Q^H X Q = diag(lambda) + N``: 0 for a normal matrix, its round-off for a rounded one, and of the
+    order of ``e`` for a Jordan coupling ``e`` (linear in ``e``, unlike ``||[X, X^H]|| ~ e^2``).
+
+    The Schur basis is the QR factor of the eigenvectors ``V = Q R`` (then ``Q^H X Q = R diag(lambda) R^{-1}``); an
+    eigenvector basis that is (nearly) singular, as for an exact Jordan block, counts as ``inf``.
+    """
+    values, vectors = torch.linalg.eig(x)
+    _, r = torch.linalg.qr(vectors / torch.linalg.vector_norm(vectors, dim=0))
+    if r.diagonal().abs().min().item() <= 1e-6:  # eigenvectors (nearly) dependent: not diagonalisable in practice
+        return values, float("inf")
+    schur = torch.linalg.solve_triangular(r, r * values[None, :], upper=True, left=False)
+    return values, torch.linalg.matrix_norm(schur - torch.diag_embed(schur.diagonal())).item()
+
+
 def classify_generator(generator: torch.Tensor, tol: float | None = None) -> list[JordanBlock]:
     """The real Jordan form of ``generator`` ``(D, D)`` as a list of :class:`JordanBlock`, one per family entry.
 
@@ -482,11 +505,17 @@ def classify_generator(generator: torch.Tensor, tol: float | None = None) -> lis
         rounding = torch.finfo(generator.dtype).eps * frobenius + dim * torch.finfo(torch.float64).eps * scale
         resolution = min(resolution, NORMAL_SAFETY * rounding)
     if normal:  # diagonalisable: only merge (numerically) equal eigenvalues
-        values = torch.linalg.eigvals(x)
-        equal = torch.full((dim, dim), resolution, dtype=torch.float64, device=x.device)
-        for cluster in _link_clusters(values, equal):
-            found.append((complex(values[cluster].mean().item()), {1: len(cluster)}))
-    else:
+        # the commutator is quadratic in a Jordan coupling e (||[X, X^H]|| ~ e^2), so the test above lets couplings up
+        # to sqrt(tol) ||X|| through, far above what the ranks resolve (e.g. ALiBi's block beside a rotation 1000 times
+        # faster, in float32); the departure from normality is linear in e and is held to the ranks' resolution
+        values, departure = _eigenvalues_and_departure(x)
+        normal = departure <= tol * scale
+        if normal:
+            equal = torch.full((dim, dim), resolution, dtype=torch.float64, device=x.device)
+            found.extend((complex(values[c].mean().item()), {1: len(c)}) for c in _link_clusters(values, equal))
+        else:
+            resolution = tol * scale  # not normal after all: the general resolution
+    if not normal:
         values, kappa = _condition_numbers(x)
         # eigenvalues i, j may be one eigenvalue split by round-off when they are closer than their sensitivity
         # kappa beyond 1/eps only comes from exactly parallel eigenvectors: an exact, unsplit multiple eigenvalue

@@ -345,6 +345,19 @@ def test_classification_tolerance_separates_a_tiny_frequency_from_alibi():
     assert found == {"rotation": 128, "real jordan": 2}
 
 
+@pytest.mark.parametrize("dtype, speed", [(torch.float32, 1e3), (torch.float64, 1e6)])
+def test_a_jordan_block_beside_a_much_faster_rotation_is_not_read_as_normal(dtype, speed):
+    # ||[X, X^T]|| is quadratic in a Jordan coupling e: next to a rotation `speed` times faster, ALiBi's e = 1 passes
+    # the commutator test (e^2 <= tol * speed^2), but the ranks resolve it (e / speed >> tol), and so must the
+    # classification (the departure from normality, linear in e, sends it to the general path)
+    alibi = torch.block_diag(speed * groups.rope_generator(8, dtype=dtype), groups.alibi_generator(dtype))
+    assert groups.families(groups.classify_generator(alibi)) == {"rotation": 8, "real jordan": 2}
+    complex_block = groups.jordan_generator(4, 0.0, 1.0, block=2, dtype=torch.float64)
+    complex_block[:2, 2:] /= 10.0  # coupling 0.1: still far above the ranks' resolution at this speed
+    generator = torch.block_diag(speed / 10 * groups.rope_generator(4, dtype=torch.float64), complex_block)
+    assert groups.families(groups.classify_generator(generator.to(dtype))) == {"rotation": 4, "jordan": 4}
+
+
 def test_real_and_complex_jordan_blocks_are_different_families():
     assert groups.family_of(0j, 2) == "real jordan" and groups.family_of(complex(-0.1, 0.0), 3) == "real jordan"
     assert groups.family_of(complex(0.0, 0.5), 2) == "jordan" and groups.family_of(complex(-0.1, 0.5), 2) == "jordan"
