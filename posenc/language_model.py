@@ -298,13 +298,12 @@ def pair_statistics(q: torch.Tensor, k: torch.Tensor, inv_freq: torch.Tensor) ->
     q_norm = q.double().view(q.shape[0], length, 2, pairs).norm(dim=2).mean(1)
     k_norm = k.double().view(k.shape[0], length, 2, pairs).norm(dim=2).mean(1)
     cos, sin = rope_cos_sin(torch.arange(length), inv_freq.float())
-    qr = apply_rope(q.float(), cos, sin).double().view(q.shape[0], length, 2, pairs)
-    kr = apply_rope(k.float(), cos, sin).double().view(k.shape[0], length, 2, pairs)
-    causal = torch.tril(torch.ones(length, length, dtype=torch.bool))
-    share = torch.empty(q.shape[0], pairs, dtype=torch.float64)
-    for i in range(pairs):  # (H, L, L) per pair keeps the memory small
-        contribution = torch.einsum("hmc,hnc->hmn", qr[..., i], kr[..., i]).abs()
-        share[:, i] = contribution[:, causal].mean(-1)
+    qr = apply_rope(q.float(), cos, sin).view(q.shape[0], length, 2, pairs)
+    kr = apply_rope(k.float(), cos, sin).view(k.shape[0], length, 2, pairs)
+    causal = torch.tril(torch.ones(length, length))
+    # (H, P, L, L): pair i's term of every logit; float32 is ample for shares of a sum
+    contribution = torch.einsum("hmcp,hncp->hpmn", qr, kr).abs_().mul_(causal)
+    share = contribution.sum((-1, -2)).double() / causal.sum().double()
     return {"q_norm": q_norm, "k_norm": k_norm, "logit_share": share / share.sum(-1, keepdim=True)}
 
 
