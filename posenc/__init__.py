@@ -15,7 +15,8 @@ Modules, one concept each:
 * :mod:`posenc.groups` (with :mod:`posenc.group_encodings`): one-parameter groups exp(tX), their classification
   and the encodings they give (RoPE, xPos, RetNet, ALiBi, the Jordan class);
 * :mod:`posenc.geometry`: positional distributions, Hellinger distances, classical MDS, stress;
-* :mod:`posenc.tasks` and :mod:`posenc.experiments`: synthetic order tasks and small transformers to train.
+* :mod:`posenc.tasks` and :mod:`posenc.experiments`: synthetic order tasks and small transformers to train;
+* :mod:`posenc.language_model`: a real Llama-architecture model (SmolLM2-135M) loaded offline and run with posenc's RoPE.
 """
 from .absolute import (LearnedPositionalEmbedding, binary_encoding, integer_encoding, sinusoidal_encoding,
                        sinusoidal_frequencies)
@@ -26,8 +27,8 @@ from .rope import (RotaryEmbedding, apply_rope, apply_rope_, interleaved_to_half
                    rope_angles, rope_cos_sin, rope_matrix, rotate)
 from .rope_frequencies import ROPE_FREQUENCY_FUNCTIONS, rope_frequencies
 
-from . import (context_extension, embeddings, experiments, geometry, group_encodings, groups, interactive, nd_rope,
-               rope_analysis, tasks)
+from . import (context_extension, embeddings, experiments, geometry, group_encodings, groups, interactive,
+               language_model, nd_rope, rope_analysis, tasks)
 from .absolute import consecutive_distances, sinusoidal_dot_product
 from .nd_rope import NDRoPE
 from .groups import GroupEncoding
