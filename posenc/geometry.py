@@ -441,10 +441,12 @@ def fit_position_predictor(distributions: torch.Tensor, dim: int, weights: torch
 
     Loss: ``sum_i w_i CE(P_i, softmax(W e_i + b))`` (``w`` ``(n,)`` the share of tokens at each position, default
     uniform), minimised over ``e`` ``(n, dim)``, ``W`` ``(V, dim)`` and ``b`` ``(V,)`` with L-BFGS in float64 from a
-    seeded random start. Its infimum is the weighted entropy ``sum_i w_i H(P_i)``, reached exactly when
-    ``softmax(W e_i + b) = P_i`` for every ``i``: the smallest case of the Positional Separation Theorem, since two
-    positions with different ``P_i`` then need different ``W e_i``, hence different ``e_i``. ``distributions``
-    ``(n, V)`` must have full support (a zero probability is reached only in the limit).
+    seeded random start. The loss is at least the weighted entropy ``sum_i w_i H(P_i)``, with equality exactly when
+    ``softmax(W e_i + b) = P_i`` for every ``i``; that is reachable when ``dim`` is at least the affine rank of the
+    centred rows ``log P_i - mean(log P_i)`` (``dim >= n - 1`` always suffices), and below that the minimum lies
+    above the entropy. At such a minimum two positions with different ``P_i`` need different ``W e_i``, hence
+    different ``e_i``: the smallest case of the Positional Separation Theorem. ``distributions`` ``(n, V)`` must
+    have full support (a zero probability is reached only in the limit).
     """
     distributions = _float_matrix("distributions", distributions)
     if not bool((distributions > 0).all()):
