@@ -7,6 +7,7 @@ Everything is seeded: one ``(task, encoding, seed)`` always gives the same numbe
 """
 from __future__ import annotations
 
+import contextlib
 import copy
 import math
 from html import escape
@@ -55,6 +56,21 @@ class ExperimentConfig:
     def eval_batch(self, length: int) -> int:
         """Sequences in the evaluation batch at ``length``: ``eval_batch_size``, fewer when ``length`` is long."""
         return min(self.eval_batch_size, max(8, self.eval_tokens // length))
+
+
+@contextlib.contextmanager
+def threads(count: int = 1):
+    """Run the ``with`` block with ``count`` intra-op threads, then restore the previous count.
+
+    The models here are tiny, so more threads buy nothing; on a loaded machine OpenMP threads that wait for each
+    other at every operation make training many times slower (wall and CPU time)."""
+    require_int("count", count, minimum=1)
+    previous = torch.get_num_threads()
+    torch.set_num_threads(count)
+    try:
+        yield
+    finally:
+        torch.set_num_threads(previous)
 
 
 JORDAN_DAMPING = -0.05  # eigenvalue a of the damped Jordan variant: its maps carry e^{a t}
@@ -405,7 +421,7 @@ def position_probe_r2(hidden: torch.Tensor) -> float:
     return (1 - (error**2).sum() / ((position[~train] - position[~train].mean()) ** 2).sum()).item()
 
 
-__all__ = ["ExperimentConfig", "ENCODINGS", "JORDAN_DAMPING", "jordan_frequencies", "jordan_rotation_generator",
+__all__ = ["ExperimentConfig", "threads", "ENCODINGS", "JORDAN_DAMPING", "jordan_frequencies", "jordan_rotation_generator",
            "with_rope", "fine_tune", "accuracies", "encoding_label", "Block", "TinyTransformer", "build_model", "Run",
            "Ensemble", "train", "evaluation_data", "evaluate", "run_encoding", "run_experiments", "accuracy_spread",
            "mean_position_accuracy", "format_table", "results_table", "position_probe_r2"]

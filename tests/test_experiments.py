@@ -9,7 +9,7 @@ from hypothesis import strategies as st
 
 from posenc.experiments import (ENCODINGS, ExperimentConfig, accuracies, accuracy_spread, build_model,
                                 encoding_label, evaluate, fine_tune, jordan_frequencies, jordan_rotation_generator,
-                                results_table, run_encoding, run_experiments, train, with_rope)
+                                results_table, run_encoding, run_experiments, threads, train, with_rope)
 from posenc.groups import jordan_generator
 from posenc.tasks import IGNORE_INDEX, CopyBack, FetchPosition, position_blind_accuracy
 
@@ -25,6 +25,17 @@ def _one_thread():
     torch.set_num_threads(1)
     yield
     torch.set_num_threads(threads)
+
+
+def test_threads_restores_the_count_even_after_an_error():
+    torch.set_num_threads(2)  # the module's fixture runs at one thread; restored below
+    with pytest.raises(RuntimeError), threads(1):
+        assert torch.get_num_threads() == 1
+        raise RuntimeError("inside")
+    assert torch.get_num_threads() == 2
+    torch.set_num_threads(1)
+    with pytest.raises(ValueError, match="count"), threads(0):
+        pass
 
 
 def sample(task, length, seed, batch=5, vocab=7):
