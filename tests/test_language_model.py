@@ -35,7 +35,7 @@ def test_posenc_logits_equal_the_models_own(lm, ids):
     own = lm.model(ids[None]).logits.detach()
     ours = L.rope_forward(lm, ids)
     # Tolerance: float32 rounding of this very computation, measured as the distance from the model's float32
-    # logits to its float64 logits. posenc only reorders nothing (same cos/sin, same rotation formula), so it is
+    # logits to its float64 logits. posenc reorders nothing (same cos/sin, same rotation formula), so it is
     # usually bit-identical; a different attention kernel may move it by rounding, never by more than that scale.
     model64 = copy.deepcopy(lm.model).double()
     own64 = model64(ids[None]).logits.detach()
@@ -74,9 +74,13 @@ def test_dropping_no_pairs_changes_nothing_and_dropping_all_removes_position(lm,
     keep_all = torch.zeros(32, dtype=torch.bool)
     assert torch.equal(L.rope_forward(lm, ids[:32], drop_pairs=keep_all), L.rope_forward(lm, ids[:32]))
     zero_freq = torch.zeros(32)
-    # with every frequency 0 the rotation is the identity: same as RoPE at position 0 everywhere
+    # with every frequency 0 the rotation is the identity at every position, as RoPE's is at position 0; the
+    # first token sees only itself (causal), so its logits agree bit for bit and the later ones do not
     logits = L.rope_forward(lm, ids[:32], inv_freq=zero_freq)
+    rope = L.rope_forward(lm, ids[:32])
     assert logits.shape == (1, 32, lm.config.vocab_size) and torch.isfinite(logits).all()
+    assert torch.equal(logits[:, 0], rope[:, 0])
+    assert (logits[:, 1:] - rope[:, 1:]).abs().amax() > 1.0
 
 
 def test_capture_and_measurements(lm, ids):
