@@ -64,6 +64,16 @@ def _take(table, index):
     return table[tuple(s if table.shape[d] != 1 else slice(None) for d, s in enumerate(index))]
 
 
+
+def _rotate_pairs_into(x1, x2, cos, sin, out1, out2, tmp):
+    """``out1 = x1 cos - x2 sin``, ``out2 = x2 cos + x1 sin`` in transformers' order of operations (``tmp``: scratch)."""
+    torch.mul(x1, cos, out=out1)
+    torch.mul(x2, sin, out=tmp)
+    out1.sub_(tmp)
+    torch.mul(x2, cos, out=out2)
+    torch.mul(x1, sin, out=tmp)
+    out2.add_(tmp)
+
 class RotationEngine:
     """Fast paths for ``formula(x, cos, sin, layout)`` (tables already aligned to ``x``); ``pairs(t, half,
     layout)`` returns the two members of every rotated pair as views of ``t``."""
@@ -156,12 +166,7 @@ class RotationEngine:
         a, b = (s[:count].view(shape) for s in scratch[:2])
         in_place = out is x
         if same_dtype and not in_place:
-            torch.mul(x1, cb, out=o1)
-            torch.mul(x2, sb, out=a)
-            o1.sub_(a)
-            torch.mul(x2, cb, out=o2)
-            torch.mul(x1, sb, out=a)
-            o2.add_(a)
+            _rotate_pairs_into(x1, x2, cb, sb, o1, o2, a)
         elif same_dtype:  # in place: the first half waits in scratch until x1 has been used
             torch.mul(x1, cb, out=a)
             torch.mul(x2, sb, out=b)
@@ -171,12 +176,7 @@ class RotationEngine:
             x1.copy_(a)
         else:  # widened to float32 (or the tables' dtype), rounded once into out
             c = scratch[2][:count].view(shape)
-            torch.mul(x1, cb, out=a)
-            torch.mul(x2, sb, out=b)
-            a.sub_(b)
-            torch.mul(x2, cb, out=c)
-            torch.mul(x1, sb, out=b)
-            c.add_(b)
+            _rotate_pairs_into(x1, x2, cb, sb, a, c, b)
             o1.copy_(a)
             o2.copy_(c)
         if not in_place and xb.shape[-1] > 2 * half:
