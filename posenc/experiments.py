@@ -20,7 +20,7 @@ from torch.func import functional_call, stack_module_state, vmap
 from . import encodings as enc
 from ._checks import require_int
 from .attention import self_attention
-from .groups import GroupEncoding, jordan_generator, xpos_generator
+from .groups import GroupEncoding, copy_frequencies, jordan_generator, xpos_generator
 from .tasks import IGNORE_INDEX, CopyTask
 
 
@@ -79,8 +79,7 @@ JORDAN_DAMPING = -0.05  # eigenvalue a of the damped Jordan variant: its maps ca
 def jordan_frequencies(head_dim: int, base: float = 10_000.0) -> torch.Tensor:
     """The rotation frequency of every feature pair of :func:`posenc.groups.jordan_generator` ``(head_dim)``:
     ``(head_dim / 2,)`` float64. Each copy (a 4 x 4 block, two pairs) turns at ``b_c = base^(-c / n_copies)``."""
-    copies = head_dim // 4
-    return (base ** (-torch.arange(copies, dtype=torch.float64) / copies)).repeat_interleave(2)
+    return copy_frequencies(head_dim // 4, base).repeat_interleave(2)
 
 
 def jordan_rotation_generator(head_dim: int, eigenvalue: float = 0.0, base: float = 10_000.0,

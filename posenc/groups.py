@@ -170,6 +170,12 @@ def decay_generator(dim: int, rates, dtype=torch.float32, device=None) -> torch.
     return torch.diag(-_per_entry("rates", rates, require_int("dim", dim, minimum=1))).to(device=device, dtype=dtype)
 
 
+def copy_frequencies(copies: int, base: float = 10_000.0) -> torch.Tensor:
+    """RoPE's geometric law over ``copies`` blocks, the default frequencies of :func:`jordan_generator`:
+    ``b_c = base^(-c / copies)`` for ``c = 0 .. copies - 1``, ``(copies,)`` float64."""
+    return require_positive_number("base", base) ** (-torch.arange(copies, dtype=torch.float64) / copies)
+
+
 def jordan_generator(head_dim: int, eigenvalue=0.0, frequency=None, block: int = 2, base: float = 10_000.0,
                      dtype=torch.float32, device=None) -> torch.Tensor:
     """Copies of one Jordan block, so ``exp(tX)`` is ``e^{at}`` (times a rotation) times a polynomial in ``t``.
@@ -197,7 +203,7 @@ def jordan_generator(head_dim: int, eigenvalue=0.0, frequency=None, block: int =
                          f"got {head_dim}")
     copies = head_dim // width
     if frequency is None:
-        frequency = require_positive_number("base", base) ** (-torch.arange(copies, dtype=torch.float64) / copies)
+        frequency = copy_frequencies(copies, base)
     blocks = []
     for a, b in zip(_per_entry("eigenvalue", eigenvalue, copies).tolist(),
                     _per_entry("frequency", frequency, copies).tolist()):
