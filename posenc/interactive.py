@@ -51,6 +51,14 @@ def figure_mode() -> str:
 
 LIVE_PNG_COMPRESSION = 1  # zlib level of live frames: 1 encodes several times faster than the default 6
 REDRAW_LOG_ENV = "POSENC_REDRAW_LOG"
+BOOK_STYLE = os.path.join(os.path.dirname(__file__), "book.mplstyle")
+
+
+def use_book_style() -> None:
+    """Apply the book's matplotlib style (``posenc/book.mplstyle``) to every figure made from now on."""
+    import matplotlib.style
+
+    matplotlib.style.use(BOOK_STYLE)
 
 
 def _render_png(fig, dpi) -> bytes:
