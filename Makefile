@@ -34,7 +34,7 @@ book: $(STAMP) $(MODEL_CACHE)
 ## make test: unit tests + every notebook executed, the HTML build (-n -W --keep-going), browser tests
 test: $(STAMP) $(MODEL_CACHE)
 	$(PY) -m pytest tests --ignore=tests/browser
-	$(PY) book/tools/build_html.py
+	$(PY) -m book.tools.build_html
 	$(MAKE) browser
 
 unit: $(STAMP)
@@ -71,13 +71,13 @@ $(COLAB_STAMP): pyproject.toml
 	touch $(COLAB_STAMP)
 
 colab-check: $(COLAB_STAMP)
-	$(COLAB_PY) book/tools/run_notebooks.py --figures live --output-dir _build/colab-executed
-	POSENC_COLAB_CHECK=1 $(COLAB_PY) -m pytest tests/test_colab_setup.py
+	$(COLAB_PY) -m book.tools.run_notebooks --figures live --output-dir _build/colab-executed
+	POSENC_COLAB_CHECK=1 $(COLAB_PY) -m pytest tests/book/test_colab_setup.py
 
 ## make bench: RoPE against the libraries people use, the live redraw of every interactive figure, the book's timings -> _build/bench.json (BENCH_ARGS="--quick", "--sections forward,redraw", ...)
 bench: $(STAMP)
 	$(PY) -m pip install --quiet -r benchmarks/requirements.txt
-	$(PY) benchmarks/run.py $(BENCH_ARGS)
+	$(PY) -m benchmarks.run $(BENCH_ARGS)
 
 serve:
 	@echo "serving _build/html on http://127.0.0.1:$(PORT)"
@@ -88,7 +88,7 @@ $(MODEL_CACHE): $(STAMP)
 	$(PY) -c "from posenc.language_model import load_language_model as load; print(load().name)"
 
 long-context: $(STAMP) $(MODEL_CACHE)
-	nice -n 10 $(PY) book/tools/long_context.py --threads 2 --output book/data/long_context.json
+	nice -n 10 $(PY) -m book.tools.long_context --threads 2 --output book/data/long_context.json
 
 clean:
 	rm -rf _build  # includes _build/cache (chapter 12's converted tokenizer and dequantised weights)

@@ -11,7 +11,8 @@ a summary in the form of the README's table; bf16 precision against float64 at p
 figure of the book (each chapter executed with ``POSENC_REDRAW_LOG``); the same forward harness on CUDA when a
 GPU is present.
 
-Usage: python benchmarks/run.py [--book] [--quick] [--budget SECONDS] [--output PATH] [--sections LIST]
+Usage, from the repository root:
+python -m benchmarks.run [--book] [--quick] [--budget SECONDS] [--output PATH] [--sections LIST]
 """
 from __future__ import annotations
 
@@ -22,7 +23,6 @@ import os
 import platform
 import shutil
 import subprocess
-import sys
 import tempfile
 import time
 import warnings
@@ -30,11 +30,9 @@ from pathlib import Path
 
 import torch
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-import peers  # noqa: E402
-from timing import interleaved, median_ratio, rounds_for, synchronizer, time_call  # noqa: E402
-
-import posenc  # noqa: E402
+import posenc
+from benchmarks import peers
+from benchmarks.timing import interleaved, median_ratio, rounds_for, synchronizer, time_call
 
 ROOT = Path(__file__).resolve().parents[1]
 SHAPES = ((1, 32, 4096, 128), (4, 16, 2048, 128))
@@ -311,9 +309,8 @@ def execute_for_redraws(notebook: Path, log: Path) -> list:
     import nbformat
     from nbclient import NotebookClient
 
-    sys.path.insert(0, str(ROOT / "book" / "tools"))
-    from run_notebooks import execution_settings, kernel_env
-
+    from book.tools.book_files import execution_settings
+    from book.tools.run_notebooks import kernel_env
     from posenc.interactive import REDRAW_LOG_ENV
 
     env = {**kernel_env("live", 1), REDRAW_LOG_ENV: str(log), "PYTHONPATH": str(ROOT)}
@@ -399,7 +396,8 @@ def print_book(section: dict) -> None:
 
 # ----------------------------------------------------------------------------------------------- main
 def main() -> int:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = argparse.ArgumentParser(prog="python -m benchmarks.run", description=__doc__,
+                                     formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--book", action="store_true", help="also time a clean `make book` (minutes)")
     parser.add_argument("--quick", action="store_true", help="small shapes, few rounds: a smoke test")
     parser.add_argument("--budget", type=float, default=None, help="seconds of timing per configuration")

@@ -6,9 +6,9 @@ In order:
 2. Debian's Chromium, ``/usr/bin/chromium``, where it is installed;
 3. the Chromium that ``python -m playwright install chromium`` downloaded into Playwright's own cache.
 
-Run as a script (``make browser`` does), it prints which one, and when there is none it gets one: Debian's
-``chromium`` package where it may (root with apt-get, as on CI), otherwise ``playwright install chromium``,
-which needs no root.
+Run from the repository root as ``python -m book.tools.ensure_chromium`` (``make browser`` does), it prints
+which one, and when there is none it gets one: Debian's ``chromium`` package where it may (root with apt-get, as
+on CI), otherwise ``playwright install chromium``, which needs no root.
 """
 from __future__ import annotations
 

@@ -1,16 +1,16 @@
-"""Create a chapter notebook with the standard first cells: ``new_chapter.py notebooks/12_name.ipynb "Title"``.
+"""Create a chapter notebook with the standard first cells.
 
+Usage, from the repository root: ``python -m book.tools.new_chapter notebooks/13_name.ipynb "Title"``.
 Add the file to _toc.yml afterwards (see README.md, "Adding a chapter").
 """
 from __future__ import annotations
 
-import sys
+import argparse
 from pathlib import Path
 
 import nbformat
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-from book_files import setup_cell_source  # noqa: E402
+from book.tools.book_files import setup_cell_source
 
 
 def new_chapter(path: Path, title: str) -> None:
@@ -29,5 +29,15 @@ def new_chapter(path: Path, title: str) -> None:
     nbformat.write(nb, path)
 
 
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m book.tools.new_chapter", description=__doc__,
+                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("path", type=Path, help="the new notebook, e.g. notebooks/13_my_topic.ipynb")
+    parser.add_argument("title", help="the chapter's title (its first heading)")
+    args = parser.parse_args(argv)
+    new_chapter(args.path, args.title)
+    return 0
+
+
 if __name__ == "__main__":
-    new_chapter(Path(sys.argv[1]), sys.argv[2])
+    raise SystemExit(main())

@@ -1,8 +1,9 @@
 """Execute the book's notebooks, each top to bottom on a fresh kernel, offline, in parallel.
 
 Executed copies go to ``_build/executed/<same path>``, timings to ``_build/executed/times.json``. A failure
-names the notebook and the cell. Usage: ``run_notebooks.py [--jobs N] [--output-dir DIR] [--figures MODE] [NAME ...]``
-(names filter by substring). Figures are static sliders (the book build) unless ``--figures live`` (or
+names the notebook and the cell. Usage, from the repository root:
+``python -m book.tools.run_notebooks [--jobs N] [--output-dir DIR] [--figures MODE] [NAME ...]`` (names filter by
+substring). Figures are static sliders (the book build) unless ``--figures live`` (or
 ``POSENC_RUN_FIGURES=live``) asks for the live ipywidgets, as Jupyter and Colab show them: then matplotlib keeps
 the kernel's own inline backend, as there.
 """
@@ -11,13 +12,11 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import sys
 import time
 from concurrent.futures import ProcessPoolExecutor, as_completed
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-from book_files import ROOT, executed_dir, execution_settings, toc_notebooks  # noqa: E402
+from book.tools.book_files import ROOT, executed_dir, execution_settings, toc_notebooks
 
 KERNEL_ENV = {
     "HF_HUB_OFFLINE": "1",
@@ -105,7 +104,7 @@ def run(names=(), jobs: int = 2, output_dir: Path | None = None, figures: str = 
 
 
 def main() -> int:
-    parser = argparse.ArgumentParser(description=__doc__)
+    parser = argparse.ArgumentParser(prog="python -m book.tools.run_notebooks", description=__doc__)
     parser.add_argument("names", nargs="*")
     parser.add_argument("--jobs", type=int, default=int(os.environ.get("POSENC_JOBS", "2")))
     parser.add_argument("--output-dir", type=Path, default=None,

@@ -24,7 +24,7 @@ import pytest
 from packaging.requirements import Requirement
 from packaging.specifiers import SpecifierSet
 
-from book_files import ROOT, repository_slug, setup_cell_source, toc_notebooks
+from book.tools.book_files import ROOT, repository_slug, setup_cell_source, toc_notebooks
 
 COLAB_KEPT = ("torch", "numpy", "matplotlib")  # Colab's own; replacing them needs a runtime restart
 FORBIDDEN_PIP_OPTIONS = {"-U", "--upgrade", "--force-reinstall", "-I", "--ignore-installed", "--upgrade-strategy"}

@@ -2,7 +2,7 @@
 import json
 import re
 
-from book_files import ROOT, toc_entries
+from book.tools.book_files import ROOT, toc_entries
 
 
 def test_every_toc_entry_exists():

@@ -1,12 +1,12 @@
 """The executed-notebook harness: every chapter in _toc.yml runs top to bottom on a fresh kernel, offline.
 
-All chapters are executed once per session (two at a time, as `make book` does) by book/tools/run_notebooks.py;
+All chapters are executed once per session (two at a time, as `make book` does) by book.tools.run_notebooks;
 each test then reports one notebook, naming the failing cell. The executed copies are what the HTML build uses.
 """
 import pytest
-from book_files import ROOT, toc_notebooks
 
-import run_notebooks
+from book.tools import run_notebooks
+from book.tools.book_files import ROOT, toc_notebooks
 
 # execution-time budget per chapter on a 2-core machine, in seconds (from the issues)
 BUDGETS = {"08_group_theory": 90, "09_geometry": 90, "10_context_extension": 90, "11_experiments": 240,
