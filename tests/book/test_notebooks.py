@@ -1,8 +1,10 @@
 """The executed-notebook harness: every chapter in _toc.yml runs top to bottom on a fresh kernel, offline.
 
-All chapters are executed once per session (two at a time, as `make book` does) by book.tools.run_notebooks;
+The selected chapters are executed once per session (two at a time, as `make book` does) by book.tools.run_notebooks;
 each test then reports one notebook, naming the failing cell. The executed copies are what the HTML build uses.
 """
+from pathlib import Path
+
 import pytest
 
 from book.tools import run_notebooks
@@ -17,8 +19,11 @@ NOTEBOOKS = [str(p.relative_to(ROOT)) for p in toc_notebooks()]
 
 
 @pytest.fixture(scope="session")
-def executed():
-    return {record["notebook"]: record for record in run_notebooks.run()}
+def executed(request):
+    """Executes the notebooks whose tests are selected (all of them, or e.g. one with ``-k 01_why``), at once."""
+    selected = [item.callspec.params["notebook"] for item in request.session.items
+                if item.originalname == "test_notebook_runs_top_to_bottom"]
+    return {record["notebook"]: record for record in run_notebooks.run([Path(n).name for n in selected])}
 
 
 @pytest.mark.notebooks
