@@ -31,8 +31,8 @@ one figure may not exceed ``max_bytes`` (a ``ValueError`` says so and what to sh
 
 Live redraws are kept fast (what a dragged slider waits for): the figure is laid out once by matplotlib's
 constrained layout and that layout is then reused for every redraw with the same axes, and live frames are PNGs
-with light zlib compression. Static frames (the web book) are laid out afresh and compressed hard, since they are
-made once. Setting ``POSENC_REDRAW_LOG=<file>`` makes every displayed figure time its live redraws and append one
+with light zlib compression. Static frames (the web book) are laid out afresh, drawn at 2x and quantised to a
+few colours (no PNG optimisation pass: it would cost more than the drawing at this size). Setting ``POSENC_REDRAW_LOG=<file>`` makes every displayed figure time its live redraws and append one
 JSON line per figure to that file (``benchmarks/run.py`` does this for every figure of the book).
 """
 from __future__ import annotations
@@ -104,7 +104,7 @@ def _axes_signature(fig) -> tuple:
 STATIC_WIDTH_PX = 1600  # natural width of static images: >= 2x the ~740 CSS px text column at 1280 px
 FRAMES_DIR_ENV, FRAMES_URL_ENV = "POSENC_FRAMES_DIR", "POSENC_FRAMES_URL"
 DEFAULT_FRAMES_URL = "../_static/frames/"
-STATIC_COLORS = 128  # static images are quantised to this many colours (smaller files, fast zlib encoding)
+STATIC_COLORS = 256  # show_figure images are quantised to this many colours (slider frames: ``colors``, 64)
 
 
 def static_dpi(fig) -> float:
@@ -234,7 +234,7 @@ def show_figure(fig, caption: str, dpi: int | None = None):
 
     if not caption or not isinstance(caption, str):
         raise ValueError("caption must be a non-empty str: it is the figure's alt text")
-    image = render_static(fig, colors=256)
+    image = render_static(fig)
     try:
         import matplotlib.pyplot as plt
 
