@@ -31,8 +31,9 @@ one figure may not exceed ``max_bytes`` (a ``ValueError`` says so and what to sh
 
 Live redraws are kept fast (what a dragged slider waits for): the figure is laid out once by matplotlib's
 constrained layout and that layout is then reused for every redraw with the same axes, and live frames are PNGs
-with light zlib compression. Static frames (the web book) are laid out afresh, drawn at 2x and quantised to a
-few colours (no PNG optimisation pass: it would cost more than the drawing at this size). Setting ``POSENC_REDRAW_LOG=<file>`` makes every displayed figure time its live redraws and append one
+with light zlib compression. The static frames of a figure (the web book) share the layout computed for its
+default frame the same way (its axes hold still while a slider moves), are drawn at 2x and quantised to a few
+colours (no PNG optimisation pass: it would cost more than the drawing at this size). Setting ``POSENC_REDRAW_LOG=<file>`` makes every displayed figure time its live redraws and append one
 JSON line per figure to that file (``benchmarks/run.py`` does this for every figure of the book).
 """
 from __future__ import annotations
@@ -381,17 +382,26 @@ class InteractiveFigure:
         names = list(grid)
         images = []
         inline = 0
-        for point in itertools.product(*grid.values()):
-            image = render_static(self.update(**dict(zip(names, point))), self.colors)
-            if image.src.startswith("data:"):
-                inline += len(image.src)
-                if inline > self.max_bytes:
-                    raise ValueError(
-                        f"the inline static frames of {self.caption!r} pass max_bytes={self.max_bytes:,}; "
-                        f"use fewer values (max_frames, max_total_frames), a smaller figsize, or fewer colors "
-                        f"(or set {FRAMES_DIR_ENV} to write frames as files)")
-            images.append(image)
+        # one layout for every frame, computed on the default frame: the axes hold still while a slider moves,
+        # and the layout solver runs once (as for live redraws) instead of once per frame
+        saved, self._frozen_layout = self._frozen_layout, None
+        self._redraw(dict(self.defaults), live=True)
+        try:
+            for point in itertools.product(*grid.values()):
+                images.append(self._static_frame(dict(zip(names, point))))
+                if images[-1].src.startswith("data:"):
+                    inline += len(images[-1].src)
+                    if inline > self.max_bytes:
+                        raise ValueError(
+                            f"the inline static frames of {self.caption!r} pass max_bytes={self.max_bytes:,}; use "
+                            "fewer values (max_frames, max_total_frames), a smaller figsize, or fewer colors "
+                            f"(or set {FRAMES_DIR_ENV} to write frames as files)")
+        finally:
+            self._frozen_layout = saved
         return grid, images
+
+    def _static_frame(self, values: dict) -> StaticImage:
+        return render_static(self._redraw(values, live=True), self.colors)
 
     def static_html(self) -> str:
         """One figure: the default frame and a range input per slider, acting jointly on one image."""

@@ -109,6 +109,22 @@ def test_book_tools_get_files_by_default(monkeypatch):
     assert interactive.frames_dir() is None
 
 
+def test_static_frames_share_the_default_frames_layout(monkeypatch):
+    from matplotlib.layout_engine import ConstrainedLayoutEngine
+
+    runs = []
+    execute = ConstrainedLayoutEngine.execute
+    monkeypatch.setattr(ConstrainedLayoutEngine, "execute", lambda self, fig: (runs.append(1), execute(self, fig))[1])
+    figure = interactive.InteractiveFigure(colorbar_draw, {"scale": range(6), "offset": [0.0, 1.0]}, "c",
+                                           figsize=(4, 2))
+    grid, images = figure.frames()
+    assert len(images) == 12 and len(runs) == 1  # laid out once, on the default frame
+    figure.update().canvas.draw()  # a fresh layout of the default frame
+    expected = [v for ax in figure.figure.axes for v in ax.get_position().bounds]
+    figure.frames()
+    assert [v for ax in figure.figure.axes for v in ax.get_position().bounds] == pytest.approx(expected, abs=1e-6)
+
+
 def test_page_weight_bound_is_enforced():
     with pytest.raises(ValueError, match="max_bytes"):
         make(max_bytes=1000).static_html()

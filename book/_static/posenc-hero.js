@@ -19,6 +19,7 @@
   var positionOut = root.querySelector("#posenc-hero-position-value");
   var shiftOut = root.querySelector("#posenc-hero-shift-value");
   var dotOut = root.querySelector("#posenc-hero-dot");
+  var whereOut = root.querySelector("#posenc-hero-where");
 
   function rotate(v, pos) {  // RoPE: pair i of v turned by pos * theta_i
     var out = [];
@@ -78,6 +79,7 @@
     svg.setAttribute("aria-label", "The four pairs of q (red, at position " + (m + s) + ") and k (blue, at position "
                      + (KEY_POSITION + s) + ") as arrows on circles");
     dotOut.textContent = dot.toFixed(4);
+    whereOut.textContent = "(q at position " + (m + s) + ", k at position " + (KEY_POSITION + s) + ", distance " + m + ")";
   }
 
   position.addEventListener("input", draw);
