@@ -2,7 +2,7 @@
    rotated by (position x its own frequency), as RoPE does. Moving the query's position turns q's pairs and changes
    q.k; shifting both positions by s turns every pair of both vectors by the same angle, and q.k, computed here
    from the rotated vectors themselves, does not change. No library, no network: plain SVG. */
-(function () {
+function posencHero() {
   "use strict";
   var root = document.getElementById("posenc-hero");
   if (!root) return;
@@ -90,4 +90,7 @@
     if (narrow !== lastNarrow) { lastNarrow = narrow; draw(); }
   });
   draw();
-})();
+}
+// loaded in <head> on every page (html_js_files): wait for the page's body
+if (document.readyState === "loading") document.addEventListener("DOMContentLoaded", posencHero);
+else posencHero();

@@ -156,9 +156,7 @@ class Visit:
         for y in range(0, height + DESKTOP["height"], DESKTOP["height"]):
             self.page.evaluate(f"() => window.scrollTo(0, {y})")
             self.page.wait_for_timeout(30)
-        self.page.wait_for_load_state("networkidle")
-        self.page.evaluate("""() => Promise.all(Array.from(document.images).filter(i => !i.complete)
-                               .map(i => new Promise(r => { i.onload = i.onerror = r; })))""")
+        self.page.wait_for_function("() => Array.from(document.images).every(i => i.complete)", timeout=60_000)
         self.page.evaluate("() => window.scrollTo(0, 0)")
 
     def close(self):
