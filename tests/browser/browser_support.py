@@ -118,6 +118,8 @@ def watch(context, page, traffic: Traffic) -> None:
             traffic.loaded[urlsplit(url).path] = file.stat().st_size
 
     def on_failed(request):
+        if request.resource_type == "image" and "ERR_ABORTED" in str(request.failure):
+            return  # a slider moved on before its frame arrived: the browser drops the superseded load
         if request.url not in traffic.remote_requests:
             traffic.failed_requests.append(f"{request.url} ({request.failure})")
 
