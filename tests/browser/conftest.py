@@ -13,10 +13,11 @@ from pathlib import Path
 
 import pytest
 
-from browser_support import (CHROMIUM_ARGS, DESKTOP, HTML_DIR, MB, WEIGHT_LIMIT, WEIGHT_TARGET,
-                             WEIGHTS_FILE, Traffic, watch)
+from book.tools.ensure_chromium import find_chromium
+from browser_support import CHROMIUM_ARGS, DESKTOP, FACTS_FILE, HTML_DIR, MB, WEIGHT_LIMIT, WEIGHTS_FILE, Traffic, watch
 
 weights_key = pytest.StashKey[dict]()
+facts_key = pytest.StashKey[dict]()
 browser_key = pytest.StashKey[str]()
 
 
@@ -45,7 +46,6 @@ def base_url(site):
 
 @pytest.fixture(scope="session")
 def browser(request):
-    from ensure_chromium import find_chromium  # book/tools is on sys.path (browser_support puts it there)
     from playwright.sync_api import sync_playwright
 
     try:
@@ -84,16 +84,41 @@ def page_weights(request) -> dict:
     return request.config.stash.setdefault(weights_key, {})
 
 
+@pytest.fixture(scope="session")
+def page_facts(request) -> dict:
+    """page -> what the reader-facing checks measured (written to _build/page-facts.txt)."""
+    return request.config.stash.setdefault(facts_key, {})
+
+
+def _write_facts(terminalreporter, facts: dict) -> None:
+    columns = ("code share", "min img ratio", "weight MB", "min fig text px (1280)", "(390)")
+    lines = [f"{'page':34s} " + " ".join(f"{c:>14s}" for c in columns)]
+    for entry, row in facts.items():
+        cells = [f"{row['code_share']:.1%}" if row.get("code_share") is not None else "-",
+                 f"{row['min_ratio']:.2f}" if row.get("min_ratio") is not None else "-",
+                 f"{row['weight'] / MB:.2f}" if row.get("weight") is not None else "-",
+                 f"{row['min_text_px']:.1f}" if row.get("min_text_px") is not None else "-",
+                 f"{row['min_text_px_phone']:.1f}" if row.get("min_text_px_phone") is not None else "-"]
+        lines.append(f"{entry:34s} " + " ".join(f"{c:>14s}" for c in cells))
+    terminalreporter.section("what a reader sees, per page (see tests/browser/test_pages.py)")
+    for line in lines:
+        terminalreporter.write_line(line)
+    FACTS_FILE.parent.mkdir(parents=True, exist_ok=True)
+    FACTS_FILE.write_text("\n".join(lines) + "\n")
+
+
 def pytest_terminal_summary(terminalreporter, exitstatus, config):
     if browser_key in config.stash:
         terminalreporter.write_line(f"browser: {config.stash[browser_key]}")
+    facts = config.stash.get(facts_key, {})
+    if facts:
+        _write_facts(terminalreporter, facts)
     weights = config.stash.get(weights_key, {})
     if not weights:
         return
     lines = [f"{'page':34s} {'total':>9s} {'its HTML':>9s} {'gzipped':>9s} {'files':>5s}  status"]
     for entry, row in weights.items():
-        status = ("OVER THE 8 MB LIMIT" if row["total"] > WEIGHT_LIMIT
-                  else "over the 4 MB target" if row["total"] > WEIGHT_TARGET else "ok")
+        status = f"OVER THE {WEIGHT_LIMIT / MB:.0f} MB LIMIT" if row["total"] > WEIGHT_LIMIT else "ok"
         lines.append(f"{entry:34s} {row['total'] / MB:6.2f} MB {row['html'] / MB:6.2f} MB {row['gzip'] / MB:6.2f} MB "
                      f"{row['files']:5d}  {status}")
     terminalreporter.section("page weights (MB = 10^6 bytes; total = the HTML + every file it loads, uncompressed)")

@@ -2,9 +2,9 @@
 from __future__ import annotations
 
 import pytest
-from browser_support import HTML_DIR  # also puts book/tools on sys.path
+from browser_support import HTML_DIR
 
-import make_offline  # noqa: E402
+from book.tools import make_offline
 
 pytestmark = pytest.mark.browser
 

@@ -1,7 +1,10 @@
 """Every page of _toc.yml, opened in Chromium the way a reader opens it, with no network beyond localhost.
 
-Each page is loaded once per test class (desktop width), MathJax is waited for, screenshots are taken at
-desktop and phone widths, and the checks below read that page; a failure names the page.
+Each page is loaded once per test class (desktop width) in a fresh browser context (a first visit: nothing
+cached), MathJax is waited for, the page is scrolled to the bottom (lazy images load), screenshots are taken at
+desktop and phone widths, and the checks below read that page; a failure names the page. What the reader-facing
+checks measure (code share, image sharpness, page weight, smallest figure text) is written per page to
+_build/page-facts.txt.
 """
 from __future__ import annotations
 
@@ -12,9 +15,10 @@ from urllib.parse import urljoin, urlsplit
 
 import pytest
 
-from browser_support import (DESKTOP, MB, PHONE, ROOT, SCREENSHOT_DIR, WEIGHT_LIMIT, WEIGHT_TARGET, BookPage,
-                             Traffic, book_pages, watch)
-from book_files import repository_slug
+from browser_support import (CODE_SHARE_LIMIT, DESKTOP, MB, MIN_FIGURE_TEXT_PX, MIN_IMAGE_RATIO, PHONE, ROOT,
+                             SCREENSHOT_DIR, WEIGHT_LIMIT, BookPage, Traffic, book_pages, watch)
+
+from book.tools.book_files import repository_slug
 
 pytestmark = pytest.mark.browser
 PAGES = book_pages()
@@ -59,6 +63,39 @@ FACTS_JS = r"""
 }
 """
 
+# Visible-code share as a reader sees it: characters of the code cells' inputs that are rendered (not folded,
+# not removed) over those plus the article's text, outputs and all cell inputs left out. Markdown's own code
+# blocks count as text. The notebook-side measure (BRIEF-WEB.md, code_share.py) counts markdown SOURCE instead
+# (TeX, link targets, markup), so for a math-heavy chapter this share comes out a little higher than that one.
+CODE_SHARE_JS = r"""
+() => {
+  const article = document.querySelector('article.bd-article') || document.querySelector('main');
+  const inputs = Array.from(article.querySelectorAll('.cell_input'));
+  const visible = inputs.filter(e => e.checkVisibility()).map(e => e.textContent.trim().length)
+    .reduce((a, b) => a + b, 0);
+  const clone = article.cloneNode(true);
+  clone.querySelectorAll('.cell_input, .cell_output, details.above-input > summary, script, style, .headerlink')
+    .forEach(e => e.remove());
+  const text = clone.textContent.replace(/\s+/g, ' ').trim().length;
+  return {code: visible, text: text, cells: inputs.length,
+          visibleCells: inputs.filter(e => e.checkVisibility()).length};
+}
+"""
+
+# Per image of the article: natural / displayed width and, where posenc.interactive recorded the figure's
+# smallest font (points) and width (inches), that text's size in CSS px at the displayed width.
+IMAGES_JS = r"""
+() => Array.from((document.querySelector('article.bd-article') || document.body).querySelectorAll('img'))
+  .filter(img => img.checkVisibility() && img.clientWidth > 0)
+  .map(img => {
+    const src = img.currentSrc || img.src;
+    const pt = parseFloat(img.dataset.minFontPt), inches = parseFloat(img.dataset.figWidthIn);
+    return {src: src.slice(0, 80), vector: /\.svg($|\?)|^data:image\/svg/.test(src),
+            natural: img.naturalWidth, shown: img.clientWidth,
+            textPx: (pt && inches) ? pt * img.clientWidth / (72 * inches) : null};
+  })
+"""
+
 FINGERPRINT_JS = """
 figure => {
   const s = figure.querySelector('img').src;
@@ -100,13 +137,27 @@ class Visit:
         wait_for_math(self.page, has_math)
         self.page.wait_for_load_state("networkidle")
         self.page.evaluate("() => document.fonts.ready.then(() => true)")
+        self.scroll_through()
         self.facts = self.page.evaluate(FACTS_JS)
+        self.images = self.page.evaluate(IMAGES_JS)
+        self.code_share = self.page.evaluate(CODE_SHARE_JS)
         SCREENSHOT_DIR.mkdir(parents=True, exist_ok=True)
         self.page.screenshot(path=screenshot_path(book_page.entry, "desktop"), full_page=True)
         self.page.set_viewport_size(PHONE)
         self.page.wait_for_timeout(300)
+        self.phone_images = self.page.evaluate(IMAGES_JS)
         self.page.screenshot(path=screenshot_path(book_page.entry, "phone"), full_page=True)
         self.page.set_viewport_size(DESKTOP)
+        self.page.wait_for_timeout(200)
+
+    def scroll_through(self):
+        """Scroll to the bottom a screen at a time, as a reader does, so that lazy images load (and count)."""
+        height = self.page.evaluate("() => document.documentElement.scrollHeight")
+        for y in range(0, height + DESKTOP["height"], DESKTOP["height"]):
+            self.page.evaluate(f"() => window.scrollTo(0, {y})")
+            self.page.wait_for_timeout(30)
+        self.page.wait_for_function("() => Array.from(document.images).every(i => i.complete)", timeout=60_000)
+        self.page.evaluate("() => window.scrollTo(0, 0)")
 
     def close(self):
         self.context.close()
@@ -177,52 +228,99 @@ class TestPage:
         assert visit.book_page.entry.startswith("notebooks/")
 
     def test_static_sliders_move(self, visit):
-        sliders = visit.page.locator("article figure.posenc-slider")
-        assert sliders.count() == visit.facts["sliders"]
-        for index in range(sliders.count()):
-            figure = sliders.nth(index)
-            name = figure.locator("label").inner_text()
-            where = f"slider {index} ({name!r})"
-            control = figure.locator('input[type="range"]')
-            control.scroll_into_view_if_needed()
-            control.focus()
-            top = int(control.get_attribute("max"))
-            assert top >= 1, f"{where} has a single frame"
-            start, start_frame = int(control.input_value()), figure.evaluate(FINGERPRINT_JS)
-            start_label = figure.locator("output").inner_text()
-            key, step = ("ArrowRight", 1) if start < top else ("ArrowLeft", -1)
-            control.press(key)
-            assert int(control.input_value()) == start + step, f"{where}: {key} did not move it"
-            assert figure.evaluate(FINGERPRINT_JS) != start_frame, f"{where}: {key} did not change the frame"
-            assert figure.locator("output").inner_text() != start_label, f"{where}: {key} did not change the label"
-            control.press("End")
-            assert int(control.input_value()) == top, f"{where}: End did not reach the last value"
-            end_frame = figure.evaluate(FINGERPRINT_JS)
-            control.press("Home")
-            assert int(control.input_value()) == 0, f"{where}: Home did not reach the first value"
-            assert figure.evaluate(FINGERPRINT_JS) != end_frame, f"{where}: first and last frames are the same"
-            # the mouse: press on the track's left end and drag past its right end
-            box = control.bounding_box()
-            y = box["y"] + box["height"] / 2
-            visit.page.mouse.move(box["x"] + 2, y)
-            visit.page.mouse.down()
-            visit.page.mouse.move(box["x"] + box["width"] + 40, y, steps=8)
-            visit.page.mouse.up()
-            assert int(control.input_value()) == top, (
-                f"{where}: dragging past the end with the mouse stopped at {control.input_value()} of {top} "
-                "(does the track move while the value label changes width?)")
-            assert figure.evaluate(FINGERPRINT_JS) == end_frame, f"{where}: mouse and keyboard show different frames"
+        """Every slider of every static figure moves by keys and mouse, changes the one image, and leaves the
+        figure's other sliders where they were (the sliders of a figure act jointly)."""
+        figures = visit.page.locator("article figure.posenc-slider")
+        assert figures.count() == visit.facts["sliders"]
+        for index in range(figures.count()):
+            figure = figures.nth(index)
+            assert figure.locator("img").count() == 1, f"slider figure {index} has several images"
+            rows = figure.locator(".posenc-slider-controls")
+            for row_index in range(rows.count()):
+                self._check_slider(visit, figure, rows, row_index, f"figure {index}")
         assert not visit.traffic.problems(), visit.traffic.problems()
 
-    def test_page_weight(self, visit, page_weights):
+    @staticmethod
+    def _check_slider(visit, figure, rows, row_index, figure_name):
+        row = rows.nth(row_index)
+        name = row.locator("label").inner_text()
+        where = f"{figure_name}, slider {row_index} ({name!r})"
+        control = row.locator('input[type="range"]')
+        others = [rows.nth(i).locator('input[type="range"]') for i in range(rows.count()) if i != row_index]
+        kept = [other.input_value() for other in others]
+        control.scroll_into_view_if_needed()
+        control.focus()
+        top = int(control.get_attribute("max"))
+        assert top >= 1, f"{where} has a single frame"
+        start, start_frame = int(control.input_value()), figure.evaluate(FINGERPRINT_JS)
+        start_label = row.locator("output").inner_text()
+        key, step = ("ArrowRight", 1) if start < top else ("ArrowLeft", -1)
+        control.press(key)
+        assert int(control.input_value()) == start + step, f"{where}: {key} did not move it"
+        assert figure.evaluate(FINGERPRINT_JS) != start_frame, f"{where}: {key} did not change the frame"
+        assert row.locator("output").inner_text() != start_label, f"{where}: {key} did not change the label"
+        assert [other.input_value() for other in others] == kept, f"{where}: moving it moved another slider"
+        control.press("End")
+        assert int(control.input_value()) == top, f"{where}: End did not reach the last value"
+        end_frame = figure.evaluate(FINGERPRINT_JS)
+        control.press("Home")
+        assert int(control.input_value()) == 0, f"{where}: Home did not reach the first value"
+        assert figure.evaluate(FINGERPRINT_JS) != end_frame, f"{where}: first and last frames are the same"
+        # the mouse: press on the track's left end and drag past its right end
+        box = control.bounding_box()
+        y = box["y"] + box["height"] / 2
+        visit.page.mouse.move(box["x"] + 2, y)
+        visit.page.mouse.down()
+        visit.page.mouse.move(box["x"] + box["width"] + 40, y, steps=8)
+        visit.page.mouse.up()
+        assert int(control.input_value()) == top, (
+            f"{where}: dragging past the end with the mouse stopped at {control.input_value()} of {top} "
+            "(does the track move while the value label changes width?)")
+        assert figure.evaluate(FINGERPRINT_JS) == end_frame, f"{where}: mouse and keyboard show different frames"
+        assert [other.input_value() for other in others] == kept, f"{where}: moving it moved another slider"
+        figure.locator("img").evaluate("img => img.complete || new Promise(r => { img.onload = img.onerror = r; })")
+        assert figure.locator("img").evaluate("img => img.naturalWidth > 0"), f"{where}: the last frame did not load"
+
+    def test_visible_code_share(self, visit, page_facts):
+        counts = visit.code_share
+        share = counts["code"] / max(1, counts["code"] + counts["text"])
+        page_facts.setdefault(visit.book_page.entry, {})["code_share"] = share
+        assert share <= CODE_SHARE_LIMIT, (
+            f"{visit.book_page}: visible code is {share:.0%} of the text ({counts['code']} code characters in "
+            f"{counts['visibleCells']} of {counts['cells']} cells, {counts['text']} text characters), over "
+            f"{CODE_SHARE_LIMIT:.0%}: fold drawing/set-up/check cells (hide-input)")
+
+    def test_images_are_sharp(self, visit, page_facts):
+        raster = [image for image in visit.images if not image["vector"]]
+        ratios = [image["natural"] / image["shown"] for image in raster]
+        page_facts.setdefault(visit.book_page.entry, {})["min_ratio"] = min(ratios) if ratios else None
+        blurry = [f"{image['src']}: {image['natural']} px shown at {image['shown']} px"
+                  for image, ratio in zip(raster, ratios) if ratio < MIN_IMAGE_RATIO]
+        assert not blurry, f"images with fewer than {MIN_IMAGE_RATIO:g} pixels per CSS px: {blurry[:5]}"
+
+    def test_figure_text_is_legible(self, visit, page_facts):
+        sizes = [image["textPx"] for image in visit.images if image["textPx"] is not None]
+        phone = [image["textPx"] for image in visit.phone_images if image["textPx"] is not None]
+        row = page_facts.setdefault(visit.book_page.entry, {})
+        row["min_text_px"] = min(sizes) if sizes else None
+        row["min_text_px_phone"] = min(phone) if phone else None
+        unmeasured = [image["src"] for image in visit.images if image["textPx"] is None and not image["vector"]
+                      and visit.book_page.is_notebook]
+        assert not unmeasured, f"figures without data-min-font-pt/data-fig-width-in: {unmeasured[:5]}"
+        small = sorted(size for size in sizes if size < MIN_FIGURE_TEXT_PX)
+        assert not small, (f"{visit.book_page}: {len(small)} figures have text below {MIN_FIGURE_TEXT_PX:g} CSS px at "
+                           f"{DESKTOP['width']} px (smallest {small[0]:.1f}): larger fonts or narrower figures")
+
+    def test_page_weight(self, visit, page_weights, page_facts):
         weight = visit.traffic.weight
+        page_facts.setdefault(visit.book_page.entry, {})["weight"] = weight
         page_weights[visit.book_page.entry] = {
             "total": weight, "html": visit.traffic.loaded.get("/" + visit.book_page.html, 0),
             "gzip": visit.traffic.gzip_weight, "files": len(visit.traffic.loaded)}
         assert visit.traffic.loaded, "nothing was loaded"
-        assert weight <= WEIGHT_LIMIT, (f"{visit.book_page} weighs {weight / MB:.2f} MB (HTML + resources), over the "
-                                        f"{WEIGHT_LIMIT / MB:.0f} MB limit (aim for {WEIGHT_TARGET / MB:.0f} MB): "
-                                        "fewer frames, smaller figsize/dpi, fewer colours")
+        assert weight <= WEIGHT_LIMIT, (f"{visit.book_page} weighs {weight / MB:.2f} MB (HTML + every file it loads "
+                                        f"when scrolled through), over the {WEIGHT_LIMIT / MB:.0f} MB limit: "
+                                        "fewer figures or frames, fewer colours")
 
     def test_screenshots_saved(self, visit):
         for width in ("desktop", "phone"):
