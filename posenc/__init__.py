@@ -28,9 +28,11 @@ The public surface below (``__all__``) is what chapters 1 to 6 use and every plu
 home, the module it is imported from. Every module is imported with the package, so ``posenc.<module>`` works too.
 
 Import rule of the book's notebooks: ``import posenc`` and the names of ``__all__`` written ``posenc.<name>``; a
-later chapter's own modules imported as ``from posenc import <module>`` (an alias where the chapter uses the name
-for a value, e.g. ``from posenc import experiments as ex``) and their names written ``<module>.<name>``; the two
-figure helpers ``from posenc.interactive import interactive_figure, show_figure``.
+later chapter's own modules imported as ``from posenc import <module>`` and their names written ``<module>.<name>``,
+never ``from posenc.<module> import <name>``. Modules whose names the chapters also use for values keep one alias
+book-wide: ``generators as gens``, ``tables as fmt``, ``tasks as order_tasks``, ``experiments as ex``,
+``context_extension as ext``, ``language_model as lm_tools``. The one exception: the figure helpers,
+``from posenc.interactive import interactive_figure, show_figure``.
 """
 from . import (absolute, alibi, attention, context_extension, embeddings, encodings, experiments, generators, geometry,
                group_encodings, interactive, jordan, language_model, nd_rope, rope, rope_analysis, rope_frequencies,
