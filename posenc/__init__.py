@@ -1,36 +1,70 @@
 """posenc: positional encodings for attention, the library under the book.
 
-Modules, one concept each:
+Modules, one concept each, in the order of the chapters:
 
-* :mod:`posenc.absolute`: integer, binary, sinusoidal and learned position vectors;
-* :mod:`posenc.rope_frequencies`: RoPE frequency tables for every ``rope_type`` (registry);
-* :mod:`posenc.rope`: the rotation in both layouts, weight permutation, :class:`RotaryEmbedding`;
-* :mod:`posenc.alibi`: ALiBi slopes and biases;
-* :mod:`posenc.encodings` and :mod:`posenc.attention`: plug-in encodings and attention that takes any of them;
+* :mod:`posenc.absolute`: integer, binary, sinusoidal and learned position vectors (and their input plug-ins);
+* :mod:`posenc.encodings`: the plug-in protocol (:class:`PositionalEncoding`, ``kind``) and :class:`NoPE`;
+* :mod:`posenc.attention`: attention that takes any plug-in encoding;
 * :mod:`posenc.embeddings`: real pretrained token and position embeddings (MiniLM offline);
-* :mod:`posenc.interactive`: live and static sliders from one drawing function;
-* :mod:`posenc.nd_rope`: RoPE for 2-D and N-D positions (axial, mixed) and its Lie view;
+* :mod:`posenc.rope_frequencies`: RoPE frequency tables for every ``rope_type`` (registry and properties table);
+* :mod:`posenc.rope`: the rotation in both layouts, :func:`pair_indices`, weight permutation, :class:`RotaryEmbedding`
+  (the RoPE plug-in); its speed engine is the private ``posenc._rope_kernels``;
 * :mod:`posenc.rope_analysis`: RoPE's long-range bound, per-pair logits, angle errors;
-* :mod:`posenc.context_extension`: wavelengths, turns and trade-offs of stretched frequency tables;
-* :mod:`posenc.groups` (with :mod:`posenc.group_encodings`): one-parameter groups exp(tX), their classification
-  and the encodings they give (RoPE, xPos, RetNet, ALiBi, the Jordan class);
+* :mod:`posenc.alibi`: ALiBi slopes, biases and its plug-in;
+* :mod:`posenc.nd_rope`: RoPE for 2-D and N-D positions (axial, mixed, M-RoPE) and its plug-in :class:`NDRoPE`;
+* :mod:`posenc.generators`: the generators ``X`` of every family (RoPE, xPos, RetNet, decay, Jordan, ALiBi) and
+  their frequency laws;
+* :mod:`posenc.group_encodings`: the maps ``exp(tX)`` and ``exp(sum_i p_i X_i)`` (the Lie view) and the plug-ins
+  :class:`GroupEncoding`, :class:`MultiGroupEncoding`;
+* :mod:`posenc.jordan`: the numerical real Jordan form of a generator, i.e. the family of its encoding;
 * :mod:`posenc.geometry`: positional distributions, Hellinger distances, classical MDS, stress;
+* :mod:`posenc.context_extension`: wavelengths, turns and trade-offs of stretched frequency tables;
 * :mod:`posenc.tasks` and :mod:`posenc.experiments`: synthetic order tasks and small transformers to train;
-* :mod:`posenc.language_model`: a real Llama-architecture model (SmolLM2-135M) loaded offline and run with posenc's RoPE.
-"""
-from .absolute import (LearnedPositionalEmbedding, binary_encoding, integer_encoding, sinusoidal_encoding,
-                       sinusoidal_frequencies)
-from .alibi import alibi_bias, alibi_slopes
-from .attention import attention, causal_mask, self_attention
-from .encodings import ALiBi, LearnedInput, NoPE, PositionalEncoding, RoPE, SinusoidalInput
-from .rope import (RotaryEmbedding, apply_rope, apply_rope_, interleaved_to_half_permutation, permute_qk_weight,
-                   rope_angles, rope_cos_sin, rope_matrix, rotate)
-from .rope_frequencies import ROPE_FREQUENCY_FUNCTIONS, rope_frequencies
+  :mod:`posenc.tables` formats their results;
+* :mod:`posenc.language_model`: a real Llama-architecture model (SmolLM2-135M) loaded offline and run with posenc's RoPE;
+* :mod:`posenc.interactive`: live and static sliders from one drawing function.
 
-from . import (context_extension, embeddings, experiments, geometry, group_encodings, groups, interactive,
-               language_model, nd_rope, rope_analysis, tasks)
-from .absolute import consecutive_distances, sinusoidal_dot_product
+The public surface below (``__all__``) is what chapters 1 to 6 use and every plug-in encoding; each name has one
+home, the module it is imported from. Every module is imported with the package, so ``posenc.<module>`` works too.
+
+Import rule of the book's notebooks: ``import posenc`` and the names of ``__all__`` written ``posenc.<name>``; a
+later chapter's own modules imported as ``from posenc import <module>`` and their names written ``<module>.<name>``,
+never ``from posenc.<module> import <name>``. Modules whose names the chapters also use for values keep one alias
+book-wide: ``generators as gens``, ``tables as fmt``, ``tasks as order_tasks``, ``experiments as ex``,
+``context_extension as ext``, ``language_model as lm_tools``. The one exception: the figure helpers,
+``from posenc.interactive import interactive_figure, show_figure``.
+"""
+from . import (absolute, alibi, attention, context_extension, embeddings, encodings, experiments, generators, geometry,
+               group_encodings, interactive, jordan, language_model, nd_rope, rope, rope_analysis, rope_frequencies,
+               tables, tasks)
+from .absolute import (LearnedInput, LearnedPositionalEmbedding, SinusoidalInput, binary_encoding,
+                       consecutive_distances, integer_encoding, sinusoidal_dot_product, sinusoidal_encoding,
+                       sinusoidal_frequencies)
+from .encodings import KINDS, NoPE, PositionalEncoding
+from .attention import attention, causal_mask, merge_heads, self_attention, split_heads
+from .embeddings import load_embeddings
+from .rope_frequencies import ROPE_FREQUENCY_FUNCTIONS, ROPE_TYPES, check_rope_parameters, rope_frequencies
+from .rope import (RotaryEmbedding, apply_rope, apply_rope_, interleaved_to_half_permutation, pair_indices,
+                   permute_qk_weight, rope_angles, rope_cos_sin, rope_matrix, rotate)
+from .alibi import ALiBi, alibi_bias, alibi_slopes
 from .nd_rope import NDRoPE
-from .groups import GroupEncoding
+from .group_encodings import GroupEncoding, MultiGroupEncoding
 
 __version__ = "0.1.0"
+
+__all__ = [
+    # absolute encodings (chapters 2 to 4)
+    "integer_encoding", "binary_encoding", "sinusoidal_frequencies", "sinusoidal_encoding", "sinusoidal_dot_product",
+    "consecutive_distances", "LearnedPositionalEmbedding",
+    # the plug-in protocol and attention (chapter 1)
+    "KINDS", "PositionalEncoding", "NoPE", "attention", "self_attention", "causal_mask", "split_heads", "merge_heads",
+    "load_embeddings",
+    # RoPE (chapters 5 and 6)
+    "ROPE_TYPES", "ROPE_FREQUENCY_FUNCTIONS", "check_rope_parameters", "rope_frequencies", "pair_indices",
+    "rope_angles", "rope_cos_sin", "apply_rope", "apply_rope_", "rotate", "rope_matrix",
+    "interleaved_to_half_permutation", "permute_qk_weight",
+    # ALiBi
+    "alibi_slopes", "alibi_bias",
+    # every plug-in encoding, with its family
+    "SinusoidalInput", "LearnedInput", "RotaryEmbedding", "ALiBi", "NDRoPE", "GroupEncoding", "MultiGroupEncoding",
+]

@@ -10,6 +10,7 @@ import torch
 from torch import nn
 
 from ._checks import as_positions, require_int, require_positive_number, require_tensor
+from .encodings import PositionalEncoding
 
 
 def integer_encoding(positions, dim: int, length: int | None = None, dtype=torch.float32) -> torch.Tensor:
@@ -130,3 +131,29 @@ class LearnedPositionalEmbedding(nn.Module):
                     f"positions must lie in [0, {self.table.shape[0]}) for this table, got range [{low}, {high}]"
                 )
         return self.table[positions]
+
+
+class SinusoidalInput(PositionalEncoding):
+    """The sinusoidal table added to the token embeddings: an "input" plug-in."""
+
+    kind = "input"
+
+    def __init__(self, dim: int, base: float = 10_000.0):
+        super().__init__()
+        self.dim, self.base = dim, base
+
+    def encode_input(self, x, positions):
+        return x + sinusoidal_encoding(positions, self.dim, self.base, dtype=x.dtype).to(x.device)
+
+
+class LearnedInput(PositionalEncoding):
+    """A learned table added to the token embeddings: an "input" plug-in."""
+
+    kind = "input"
+
+    def __init__(self, max_positions: int, dim: int):
+        super().__init__()
+        self.table = LearnedPositionalEmbedding(max_positions, dim)
+
+    def encode_input(self, x, positions):
+        return x + self.table(positions).to(x.dtype)

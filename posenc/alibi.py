@@ -9,6 +9,7 @@ import math
 import torch
 
 from ._checks import require_int
+from .encodings import PositionalEncoding
 
 
 def alibi_slopes(n_heads: int, device=None) -> torch.Tensor:
@@ -49,8 +50,32 @@ def alibi_bias(query_length: int, key_length: int | None = None, slopes=None, n_
     elif not isinstance(slopes, torch.Tensor) or slopes.ndim != 1:
         raise ValueError(f"slopes must be a 1-D tensor of shape (H,), got {slopes!r}")
     device = slopes.device
-    distance = (torch.arange(query_length, device=device)[:, None] + offset) - torch.arange(key_length, device=device)
-    distance = distance.to(torch.float32)
+    return alibi_bias_at(torch.arange(query_length, device=device) + offset, torch.arange(key_length, device=device),
+                         slopes, causal)
+
+
+def alibi_bias_at(q_positions: torch.Tensor, k_positions: torch.Tensor, slopes: torch.Tensor,
+                  causal: bool = True) -> torch.Tensor:
+    """The ALiBi bias for queries at ``q_positions`` and keys at ``k_positions`` (``(L,)`` or ``(B, L)`` each):
+    ``-m_h (i - j)`` (or ``-m_h |i - j|``), float32, ``(H, Lq, Lk)`` or ``(B, H, Lq, Lk)``."""
+    distance = (q_positions[..., :, None] - k_positions[..., None, :]).to(torch.float32)
     if not causal:
         distance = distance.abs()
-    return -slopes.float()[:, None, None] * distance
+    return -slopes.float().view(-1, 1, 1) * distance.unsqueeze(-3)
+
+
+class ALiBi(PositionalEncoding):
+    """ALiBi as a "logits" plug-in for :func:`posenc.attention`: the bias of :func:`alibi_bias_at`."""
+
+    kind = "logits"
+
+    def __init__(self, n_heads: int, causal: bool = True):
+        super().__init__()
+        self.causal = causal
+        self.register_buffer("slopes", alibi_slopes(n_heads), persistent=False)
+
+    def logit_bias(self, q_positions, k_positions):
+        return alibi_bias_at(q_positions, k_positions, self.slopes, self.causal)
+
+
+__all__ = ["alibi_slopes", "alibi_bias", "alibi_bias_at", "ALiBi"]

@@ -14,7 +14,7 @@ import math
 
 import torch
 
-from ._checks import require_int, require_positive_number, require_tensor
+from ._checks import check_head_dim, check_inv_freq, require_int, require_positive_number, require_tensor
 
 
 # LongRoPE factors searched for a real model: the ``rope_scaling`` of the config of Phi-3-vision-128k-instruct
@@ -52,11 +52,7 @@ PHI3_VISION_128K = {
 
 
 def _table(name: str, inv_freq) -> torch.Tensor:
-    require_tensor(name, inv_freq)
-    if inv_freq.ndim != 1 or not inv_freq.is_floating_point():
-        raise ValueError(f"{name} must be a 1-D real tensor of shape (P,), "
-                         f"got {inv_freq.dtype} {tuple(inv_freq.shape)}")
-    return inv_freq.double()
+    return check_inv_freq(name, inv_freq, floating=True).double()
 
 
 def wavelengths(inv_freq: torch.Tensor) -> torch.Tensor:
@@ -110,7 +106,7 @@ def score_kernel(inv_freq: torch.Tensor, distances: torch.Tensor, attention_fact
 def critical_pair(head_dim: int, base: float, length: int) -> int:
     """The first pair whose wavelength exceeds ``length``: ``ceil((d/2) log_base(length / 2 pi))`` (Liu et al.
     2023); pairs from it on never complete a turn in training. Its double is their critical dimension."""
-    require_int("head_dim", head_dim, minimum=2, even=True)
+    check_head_dim(head_dim)
     require_positive_number("base", base)
     require_int("length", length, minimum=1)
     if base <= 1:
@@ -122,7 +118,7 @@ def critical_pair(head_dim: int, base: float, length: int) -> int:
 def extrapolation_bound(head_dim: int, base: float, critical_dimension: int) -> float:
     """Liu et al.'s bound on the usable context after training with ``base``: the wavelength of the pair at the
     critical dimension, ``2 pi base^(critical_dimension / d)``."""
-    require_int("head_dim", head_dim, minimum=2, even=True)
+    check_head_dim(head_dim)
     require_int("critical_dimension", critical_dimension, minimum=0)
     return 2 * math.pi * require_positive_number("base", base) ** (critical_dimension / head_dim)
 

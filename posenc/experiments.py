@@ -10,17 +10,21 @@ from __future__ import annotations
 import contextlib
 import copy
 import math
-from html import escape
 from dataclasses import dataclass, field, replace
 
 import torch
 from torch import nn
 from torch.func import functional_call, stack_module_state, vmap
 
-from . import encodings as enc
+from . import tables
 from ._checks import require_int
+from .absolute import LearnedInput, SinusoidalInput
+from .alibi import ALiBi
 from .attention import self_attention
-from .groups import GroupEncoding, copy_frequencies, jordan_generator, xpos_generator
+from .encodings import NoPE, PositionalEncoding
+from .generators import copy_frequencies, jordan_generator, xpos_generator
+from .group_encodings import GroupEncoding
+from .rope import RotaryEmbedding
 from .tasks import IGNORE_INDEX, CopyTask
 
 
@@ -77,14 +81,14 @@ JORDAN_DAMPING = -0.05  # eigenvalue a of the damped Jordan variant: its maps ca
 
 
 def jordan_frequencies(head_dim: int, base: float = 10_000.0) -> torch.Tensor:
-    """The rotation frequency of every feature pair of :func:`posenc.groups.jordan_generator` ``(head_dim)``:
+    """The rotation frequency of every feature pair of :func:`posenc.generators.jordan_generator` ``(head_dim)``:
     ``(head_dim / 2,)`` float64. Each copy (a 4 x 4 block, two pairs) turns at ``b_c = base^(-c / n_copies)``."""
     return copy_frequencies(head_dim // 4, base).repeat_interleave(2)
 
 
 def jordan_rotation_generator(head_dim: int, eigenvalue: float = 0.0, base: float = 10_000.0,
                               dtype=torch.float32) -> torch.Tensor:
-    """The control for the Jordan block: :func:`posenc.groups.jordan_generator` ``(head_dim, eigenvalue)`` without
+    """The control for the Jordan block: :func:`posenc.generators.jordan_generator` ``(head_dim, eigenvalue)`` without
     its nilpotent part, i.e. (damped) rotations, Jordan blocks of size 1, at the Jordan generator's own
     frequencies: ``(D, D)``."""
     return jordan_generator(head_dim, eigenvalue=eigenvalue, frequency=jordan_frequencies(head_dim, base), block=1,
@@ -93,14 +97,14 @@ def jordan_rotation_generator(head_dim: int, eigenvalue: float = 0.0, base: floa
 
 # name -> (label, causal, factory(config) -> PositionalEncoding)
 ENCODINGS = {
-    "nope-bidirectional": ("NoPE, bidirectional", False, lambda c: enc.NoPE()),
-    "nope-causal": ("NoPE, causal", True, lambda c: enc.NoPE()),
-    "sinusoidal": ("sinusoidal", True, lambda c: enc.SinusoidalInput(c.d_model)),
+    "nope-bidirectional": ("NoPE, bidirectional", False, lambda c: NoPE()),
+    "nope-causal": ("NoPE, causal", True, lambda c: NoPE()),
+    "sinusoidal": ("sinusoidal", True, lambda c: SinusoidalInput(c.d_model)),
     # sized for the longest evaluation; rows of positions never trained keep their random initial values, only
     # shrunk by AdamW's weight decay
-    "learned": ("learned", True, lambda c: enc.LearnedInput(max(c.eval_lengths), c.d_model)),
-    "rope": ("RoPE", True, lambda c: enc.RoPE(c.head_dim)),
-    "alibi": ("ALiBi", True, lambda c: enc.ALiBi(c.n_heads, causal=True)),
+    "learned": ("learned", True, lambda c: LearnedInput(max(c.eval_lengths), c.d_model)),
+    "rope": ("RoPE", True, lambda c: RotaryEmbedding(c.head_dim)),
+    "alibi": ("ALiBi", True, lambda c: ALiBi(c.n_heads, causal=True)),
     "xpos": ("xPos (damped RoPE)", True, lambda c: GroupEncoding(xpos_generator(c.head_dim))),
     "jordan": ("Jordan block", True, lambda c: GroupEncoding(jordan_generator(c.head_dim))),
     "jordan-damped": ("Jordan block, damped", True,
@@ -150,7 +154,7 @@ class TinyTransformer(nn.Module):
     each block, a list of ``(B, H, L, L)`` (in that order).
     """
 
-    def __init__(self, config: ExperimentConfig, encoding: enc.PositionalEncoding, causal: bool):
+    def __init__(self, config: ExperimentConfig, encoding: PositionalEncoding, causal: bool):
         super().__init__()
         self.causal = causal
         self.embed = nn.Embedding(config.vocab_size, config.d_model)
@@ -164,7 +168,7 @@ class TinyTransformer(nn.Module):
         x = self.embed(tokens)
         layer_encoding = self.encoding
         if self.encoding.kind == "input":  # added once, as in the original transformer
-            x, layer_encoding = self.encoding.encode_input(x, positions), enc.NoPE()
+            x, layer_encoding = self.encoding.encode_input(x, positions), NoPE()
         hidden, weights = [], []
         for block in self.blocks:
             x, layer_weights = block(x, layer_encoding, positions, self.causal, return_weights=True)
@@ -339,12 +343,12 @@ def with_rope(models: list, rope_parameters: dict, original_length: int) -> list
     ``max_position_embeddings``; the dict may also name ``original_max_position_embeddings``)."""
     extended = []
     for model in models:
-        if not isinstance(model.encoding, enc.RoPE):
+        if not isinstance(model.encoding, RotaryEmbedding):
             raise TypeError(f"models must use RoPE, got {type(model.encoding).__name__}")
-        rotary = model.encoding.rotary
+        rotary = model.encoding
         base = rotary.rope_parameters.get("rope_theta", 10_000.0)
         copy_ = copy.deepcopy(model)
-        copy_.encoding = enc.RoPE(rotary.head_dim, {"rope_theta": base, **rope_parameters},
+        copy_.encoding = RotaryEmbedding(rotary.head_dim, {"rope_theta": base, **rope_parameters},
                                   max_position_embeddings=original_length, layout=rotary.layout).to(
                                       rotary.inv_freq.device)
         extended.append(copy_)
@@ -365,27 +369,8 @@ def fine_tune(models: list, task: CopyTask, config: ExperimentConfig, length: in
     return ensemble.trained_models()
 
 
-def format_table(header: list, rows: list, html: bool = False) -> str:
-    """A table as Markdown (pipes, for terminals and Markdown cells) or as HTML (for notebook outputs, which the
-    book renders as CommonMark, without pipe tables). Cells are converted with ``str``; numbers align right."""
-    if not html:
-        rule = "|" + "".join("---:|" if _numeric(cell) else "---|" for cell in (rows[0] if rows else header))
-        return "\n".join(["| " + " | ".join(map(str, header)) + " |", rule]
-                         + ["| " + " | ".join(map(str, row)) + " |" for row in rows])
-    def cell(tag, value):
-        align = ' style="text-align:right"' if tag == "td" and _numeric(value) else ""
-        return f"<{tag}{align}>{escape(str(value))}</{tag}>"
-    head = "<tr>" + "".join(cell("th", value) for value in header) + "</tr>"
-    body = "".join("<tr>" + "".join(cell("td", value) for value in row) + "</tr>" for row in rows)
-    return f"<table><thead>{head}</thead><tbody>{body}</tbody></table>"
-
-
-def _numeric(value) -> bool:
-    return str(value).strip()[:1].isdigit()
-
-
 def results_table(runs: list, config: ExperimentConfig, baselines: dict | None = None, html: bool = False) -> str:
-    """One row per task and encoding, ``mean (min-max)`` accuracy in % at each length (see :func:`format_table`).
+    """One row per task and encoding, ``mean (min-max)`` accuracy in % at each length (see :func:`posenc.tables.format_table`).
 
     ``baselines``: optional ``{task name: {row label: {length: accuracy}}}``, printed as extra rows of that task.
     """
@@ -401,7 +386,7 @@ def results_table(runs: list, config: ExperimentConfig, baselines: dict | None =
             rows.append([task, encoding_label(name)] + cells)
         for label, values in (baselines or {}).get(task, {}).items():
             rows.append([task, label] + [f"{100 * values[length]:5.1f}" for length in config.eval_lengths])
-    return format_table(header, rows, html)
+    return tables.format_table(header, rows, html)
 
 
 def position_probe_r2(hidden: torch.Tensor) -> float:
@@ -423,4 +408,4 @@ def position_probe_r2(hidden: torch.Tensor) -> float:
 __all__ = ["ExperimentConfig", "threads", "ENCODINGS", "JORDAN_DAMPING", "jordan_frequencies", "jordan_rotation_generator",
            "with_rope", "fine_tune", "accuracies", "encoding_label", "Block", "TinyTransformer", "build_model", "Run",
            "Ensemble", "train", "evaluation_data", "evaluate", "run_encoding", "run_experiments", "accuracy_spread",
-           "mean_position_accuracy", "format_table", "results_table", "position_probe_r2"]
+           "mean_position_accuracy", "results_table", "position_probe_r2"]

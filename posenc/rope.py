@@ -27,27 +27,36 @@ transformers, rotary-embedding-torch and torchtune.
 from __future__ import annotations
 
 import torch
-from torch import nn
 
-from ._checks import as_positions, require_int, require_tensor
+from ._checks import LAYOUTS, as_positions, check_head_dim, check_inv_freq, check_layout, require_int, require_tensor
 from ._rope_kernels import RotationEngine, tables_fit
+from .encodings import PositionalEncoding
 from .rope_frequencies import ROPE_TYPES, check_rope_parameters, rope_frequencies
 
-LAYOUTS = ("half", "interleaved")
+
+def _pair_slices(rotary_dim: int, layout: str) -> tuple[slice, slice]:
+    """Where the two members of every pair sit among the first ``rotary_dim`` features: the layout rule, once."""
+    half = rotary_dim // 2
+    if layout == "half":
+        return slice(0, half), slice(half, 2 * half)
+    return slice(0, 2 * half, 2), slice(1, 2 * half, 2)
 
 
-def _check_layout(layout: str) -> str:
-    if layout not in LAYOUTS:
-        raise ValueError(f"layout must be one of {LAYOUTS}, got {layout!r}")
-    return layout
+def pair_indices(head_dim: int, layout: str = "half", device=None) -> torch.Tensor:
+    """The two feature indices of every rotated pair, ``(head_dim / 2, 2)`` int64: row ``i`` is ``(i, i + D/2)``
+    for ``"half"`` and ``(2i, 2i + 1)`` for ``"interleaved"``."""
+    check_head_dim(head_dim)
+    check_layout(layout)
+    features = torch.arange(head_dim, device=device)
+    first, second = _pair_slices(head_dim, layout)
+    return torch.stack((features[first], features[second]), dim=-1)
 
 
 def rope_angles(positions, inv_freq: torch.Tensor) -> torch.Tensor:
     """Angle ``positions * inv_freq`` in float32: ``(*P, L)`` x ``(R/2,)`` -> ``(*P, L, R/2)``."""
     require_tensor("inv_freq", inv_freq)
     positions = as_positions("positions", positions, device=inv_freq.device)
-    if inv_freq.ndim != 1:
-        raise ValueError(f"inv_freq must have shape (R/2,), got shape {tuple(inv_freq.shape)}")
+    check_inv_freq("inv_freq", inv_freq)
     return positions[..., None].to(device=inv_freq.device, dtype=torch.float32) * inv_freq.float()
 
 
@@ -89,9 +98,8 @@ def _check_apply(x, cos, sin):
 
 def _pairs(t: torch.Tensor, half: int, layout: str):
     """The two members of every rotated pair, as views ``(..., R/2)`` of ``t``."""
-    if layout == "half":
-        return t[..., :half], t[..., half : 2 * half]
-    return t[..., 0 : 2 * half : 2], t[..., 1 : 2 * half : 2]
+    first, second = _pair_slices(2 * half, layout)
+    return t[..., first], t[..., second]
 
 
 def _rotation_formula(x, cos, sin, layout):
@@ -117,7 +125,7 @@ _ENGINE = RotationEngine(_rotation_formula, _pairs)
 
 
 def _prepare(x, cos, sin, layout):
-    _check_layout(layout)
+    check_layout(layout)
     _check_apply(x, cos, sin)
     return _align_table(cos, x), _align_table(sin, x)
 
@@ -173,13 +181,11 @@ def rope_matrix(position: float, inv_freq: torch.Tensor, layout: str = "half", h
 
     ``rotate(x, [p], inv_freq)`` equals ``x @ R(p).T``; for teaching and testing, not for speed.
     """
-    _check_layout(layout)
     half = inv_freq.shape[-1]
     head_dim = 2 * half if head_dim is None else head_dim
     angles = float(position) * inv_freq.double()
     matrix = torch.eye(head_dim, dtype=torch.float64, device=inv_freq.device)
-    first = torch.arange(half, device=inv_freq.device)
-    first, second = (first, first + half) if layout == "half" else (2 * first, 2 * first + 1)
+    first, second = pair_indices(2 * half, layout, device=inv_freq.device).unbind(-1)
     matrix[first, first] = angles.cos()
     matrix[second, second] = angles.cos()
     matrix[first, second] = -angles.sin()
@@ -189,9 +195,7 @@ def rope_matrix(position: float, inv_freq: torch.Tensor, layout: str = "half", h
 
 def interleaved_to_half_permutation(head_dim: int, device=None) -> torch.Tensor:
     """Index vector ``perm`` of shape ``(D,)``: ``x_half = x_interleaved[..., perm]``."""
-    require_int("head_dim", head_dim, minimum=2, even=True)
-    pairs = torch.arange(head_dim // 2, device=device)
-    return torch.cat((2 * pairs, 2 * pairs + 1))
+    return pair_indices(head_dim, "interleaved", device=device).T.flatten()
 
 
 def permute_qk_weight(weight: torch.Tensor, n_heads: int, to: str = "half") -> torch.Tensor:
@@ -202,7 +206,7 @@ def permute_qk_weight(weight: torch.Tensor, n_heads: int, to: str = "half") -> t
     """
     require_tensor("weight", weight)
     require_int("n_heads", n_heads, minimum=1)
-    _check_layout(to)
+    check_layout(to, "to")
     if weight.ndim not in (1, 2) or weight.shape[0] % n_heads:
         raise ValueError(f"weight must have shape (n_heads * D, d_in) with n_heads={n_heads}, got {tuple(weight.shape)}")
     head_dim = weight.shape[0] // n_heads
@@ -213,18 +217,22 @@ def permute_qk_weight(weight: torch.Tensor, n_heads: int, to: str = "half") -> t
     return per_head[:, perm].reshape(weight.shape)
 
 
-class RotaryEmbedding(nn.Module):
-    """RoPE for a model: ``forward(q, k, positions=None, offset=0) -> (q_rot, k_rot)``.
+class RotaryEmbedding(PositionalEncoding):
+    """RoPE for a model, and RoPE's "qk" plug-in for :func:`posenc.attention`.
 
-    ``q``: ``(B, H, L, D)``, ``k``: ``(B, H_kv, L, D)``; ``positions``: ``(L,)`` or ``(B, L)``, default
-    ``offset + arange(L)`` (``offset`` is the number of tokens already in a KV cache). ``compiled=True``
-    rotates with the fused kernel of :func:`apply_rope`.
+    ``forward(q, k, positions=None, offset=0) -> (q_rot, k_rot)`` with ``q``: ``(B, H, L, D)``, ``k``:
+    ``(B, H_kv, L, D)``; ``positions``: ``(L,)`` or ``(B, L)``, default ``offset + arange(L)`` (``offset`` is the
+    number of tokens already in a KV cache). ``encode_qk(q, k, q_positions, k_positions)`` rotates queries and keys
+    at their own positions (the plug-in protocol of :mod:`posenc.encodings`). ``compiled=True`` rotates with the
+    fused kernel of :func:`apply_rope`.
     """
+
+    kind = "qk"
 
     def __init__(self, head_dim: int, rope_parameters: dict | None = None, max_position_embeddings: int = 2048,
                  layout: str = "half", compiled: bool = False):
         super().__init__()
-        self.head_dim, self.layout, self.compiled = head_dim, _check_layout(layout), compiled
+        self.head_dim, self.layout, self.compiled = head_dim, check_layout(layout), compiled
         self.rope_parameters = check_rope_parameters(rope_parameters)  # legacy "type" becomes "rope_type"
         self.max_position_embeddings = max_position_embeddings
         inv_freq, self.attention_factor = rope_frequencies(head_dim, self.rope_parameters, max_position_embeddings)
@@ -261,5 +269,15 @@ class RotaryEmbedding(nn.Module):
         return (apply_rope(q, cos, sin, self.layout, compiled=self.compiled),
                 apply_rope(k, cos, sin, self.layout, compiled=self.compiled))
 
+    def encode_qk(self, q, k, q_positions, k_positions):
+        q_cos, q_sin = self.cos_sin(q_positions)
+        k_cos, k_sin = self.cos_sin(k_positions)
+        return (apply_rope(q, q_cos, q_sin, self.layout, compiled=self.compiled),
+                apply_rope(k, k_cos, k_sin, self.layout, compiled=self.compiled))
+
     def extra_repr(self) -> str:
         return f"head_dim={self.head_dim}, layout={self.layout!r}, rope_parameters={self.rope_parameters}"
+
+
+__all__ = ["LAYOUTS", "pair_indices", "rope_angles", "rope_cos_sin", "apply_rope", "apply_rope_", "rotate", "rope_matrix",
+           "interleaved_to_half_permutation", "permute_qk_weight", "RotaryEmbedding"]

@@ -11,24 +11,8 @@ import math
 
 import torch
 
-from ._checks import require_tensor
-from .nd_rope import pair_planes
-
-
-def _as_float64(name: str, values, device=None) -> torch.Tensor:
-    if isinstance(values, (list, tuple, range)):
-        values = torch.as_tensor(list(values), device=device)
-    require_tensor(name, values)
-    if values.dtype == torch.bool or values.is_complex():
-        raise TypeError(f"{name} must hold real numbers, got dtype {values.dtype}")
-    return values.to(dtype=torch.float64, device=device)
-
-
-def _check_inv_freq(inv_freq) -> torch.Tensor:
-    require_tensor("inv_freq", inv_freq)
-    if inv_freq.ndim != 1 or inv_freq.numel() == 0:
-        raise ValueError(f"inv_freq must have shape (P,) with P >= 1, got {tuple(inv_freq.shape)}")
-    return inv_freq
+from ._checks import as_float64, check_inv_freq, require_tensor
+from .rope import pair_indices
 
 
 def relative_upper_bound(distances, inv_freq: torch.Tensor) -> torch.Tensor:
@@ -38,8 +22,8 @@ def relative_upper_bound(distances, inv_freq: torch.Tensor) -> torch.Tensor:
     query and a key ``distance`` apart is at most ``max_i |h_{i+1} - h_i|`` times ``P`` times this value
     (Abel summation, Su et al. 2021, section 3.4.3), where ``h_i = z_q conj(z_k)`` per pair.
     """
-    inv_freq = _check_inv_freq(inv_freq)
-    distances = _as_float64("distances", distances, inv_freq.device)
+    inv_freq = check_inv_freq("inv_freq", inv_freq)
+    distances = as_float64("distances", distances, inv_freq.device)
     if distances.ndim != 1:
         raise ValueError(f"distances must have shape (N,), got {tuple(distances.shape)}")
     phases = torch.polar(torch.ones((), dtype=torch.float64, device=inv_freq.device),
@@ -49,7 +33,7 @@ def relative_upper_bound(distances, inv_freq: torch.Tensor) -> torch.Tensor:
 
 
 def _as_complex_pairs(x: torch.Tensor, layout: str) -> torch.Tensor:
-    planes = pair_planes(x.shape[-1], layout).to(x.device)
+    planes = pair_indices(x.shape[-1], layout, device=x.device)
     x = x.double()
     return torch.complex(x[..., planes[:, 0]], x[..., planes[:, 1]])
 
@@ -63,11 +47,11 @@ def pair_logit_contributions(q: torch.Tensor, k: torch.Tensor, distances, inv_fr
     """
     require_tensor("q", q)
     require_tensor("k", k)
-    inv_freq = _check_inv_freq(inv_freq)
+    inv_freq = check_inv_freq("inv_freq", inv_freq)
     if q.shape[-1] != k.shape[-1] or q.shape[-1] != 2 * inv_freq.shape[-1]:
         raise ValueError(f"q and k must have last axis D = 2 * len(inv_freq) = {2 * inv_freq.shape[-1]}, "
                          f"got {q.shape[-1]} and {k.shape[-1]}")
-    distances = _as_float64("distances", distances, q.device)
+    distances = as_float64("distances", distances, q.device)
     if distances.ndim != 1:
         raise ValueError(f"distances must have shape (N,), got {tuple(distances.shape)}")
     product = _as_complex_pairs(q, layout) * _as_complex_pairs(k, layout).conj()  # (..., P)
@@ -100,8 +84,8 @@ def max_offset_spread(scores: torch.Tensor, q_positions, k_positions) -> float:
     such as multiples of a power of two); ``0.3 - 0.1`` and ``0.4 - 0.2`` would count as two offsets.
     """
     require_tensor("scores", scores)
-    q_positions = _as_float64("q_positions", q_positions, scores.device)
-    k_positions = _as_float64("k_positions", k_positions, scores.device)
+    q_positions = as_float64("q_positions", q_positions, scores.device)
+    k_positions = as_float64("k_positions", k_positions, scores.device)
     q_positions = q_positions[:, None] if q_positions.ndim == 1 else q_positions
     k_positions = k_positions[:, None] if k_positions.ndim == 1 else k_positions
     if scores.shape != (q_positions.shape[0], k_positions.shape[0]) or q_positions.shape[1] != k_positions.shape[1]:

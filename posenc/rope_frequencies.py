@@ -26,7 +26,7 @@ from typing import Callable
 
 import torch
 
-from ._checks import require_int
+from ._checks import check_head_dim, require_int
 
 DEFAULT_THETA = 10_000.0
 
@@ -324,7 +324,7 @@ def rope_frequencies(
     ``rope_parameters`` is checked first (:func:`check_rope_parameters`). Returns ``(inv_freq,
     attention_factor)`` with ``inv_freq`` of shape ``(rotary_dim // 2,)``, float32.
     """
-    require_int("head_dim", head_dim, minimum=2, even=True)
+    check_head_dim(head_dim)
     require_int("max_position_embeddings", max_position_embeddings, minimum=1)
     if seq_len is not None:
         require_int("seq_len", seq_len, minimum=1)

@@ -20,17 +20,24 @@ IGNORE_INDEX = -100  # torch.nn.functional.cross_entropy skips these targets by 
 
 
 class CopyTask:
-    """Base class: subclasses define :meth:`sources` and the attributes ``name`` and ``order``."""
+    """Base class: subclasses define :meth:`_source_of` and the attributes ``name``, ``order`` and ``first_target``
+    (the first position that has a target)."""
 
     name = "copy"
     order = "absolute"  # "absolute" or "relative": what the source map depends on
+    first_target = 0
 
     def min_length(self) -> int:
         """The shortest sequence that has at least one target."""
-        raise NotImplementedError
+        return self.first_target + 1
 
     def sources(self, length: int, device=None) -> torch.Tensor:
         """``(length,)`` int64: the source position of each target, ``-1`` where there is no target."""
+        self._check_length(length)
+        return self._source_of(torch.arange(length, device=device))
+
+    def _source_of(self, positions: torch.Tensor) -> torch.Tensor:
+        """The source of the target at each of ``positions`` ``(L,)``, ``-1`` where there is none."""
         raise NotImplementedError
 
     def _check_length(self, length: int) -> int:
@@ -64,16 +71,11 @@ class CopyBack(CopyTask):
     order = "relative"
 
     def __init__(self, offset: int = 2):
-        self.offset = require_int("offset", offset, minimum=1)
+        self.offset = self.first_target = require_int("offset", offset, minimum=1)
         self.name = f"copy {offset} back"
 
-    def min_length(self) -> int:
-        return self.offset + 1
-
-    def sources(self, length, device=None):
-        self._check_length(length)
-        source = torch.arange(length, device=device) - self.offset
-        return source.masked_fill(source < 0, -1)
+    def _source_of(self, positions):
+        return (positions - self.offset).clamp(min=-1)
 
 
 class FetchPosition(CopyTask):
@@ -81,17 +83,12 @@ class FetchPosition(CopyTask):
 
     order = "absolute"
 
-    def __init__(self, position: int = 1):
-        self.position = require_int("position", position, minimum=0)
-        self.name = f"fetch position {position}"
-
-    def min_length(self) -> int:
-        return self.position + 1
-
-    def sources(self, length, device=None):
-        self._check_length(length)
-        positions = torch.arange(length, device=device)
+    def _source_of(self, positions):
         return torch.where(positions >= self.position, self.position, -1)
+
+    def __init__(self, position: int = 1):
+        self.position = self.first_target = require_int("position", position, minimum=0)
+        self.name = f"fetch position {position}"
 
 
 def position_blind_accuracy(task: CopyTask, inputs: torch.Tensor, vocab_size: int, causal: bool = False,

@@ -17,7 +17,7 @@ ENCODINGS = {
     "none": lambda: posenc.NoPE(),
     "input-sinusoidal": lambda: posenc.SinusoidalInput(D_MODEL),
     "input-learned": lambda: posenc.LearnedInput(LENGTH, D_MODEL),
-    "qk-rope": lambda: posenc.RoPE(D_MODEL // N_HEADS),
+    "qk-rope": lambda: posenc.RotaryEmbedding(D_MODEL // N_HEADS),
     "logits-alibi": lambda: posenc.ALiBi(N_HEADS, causal=False),
 }
 
@@ -38,7 +38,7 @@ def test_each_kind_acts_where_it_should(weights):
     w_q, w_k, w_v = weights
     q, k, v = (split_heads(x @ w.T, N_HEADS) for w in weights)
     # "qk": equal to rotating the projected queries and keys by hand
-    rope = posenc.RoPE(D_MODEL // N_HEADS)
+    rope = posenc.RotaryEmbedding(D_MODEL // N_HEADS)
     by_hand = torch.softmax(posenc.rotate(q) @ posenc.rotate(k).transpose(-1, -2) / (D_MODEL // N_HEADS) ** 0.5, -1)
     _, weights_rope = posenc.self_attention(x, w_q, w_k, w_v, N_HEADS, encoding=rope, return_weights=True)
     assert torch.allclose(weights_rope, by_hand, atol=1e-6)
@@ -66,7 +66,7 @@ def test_causal_mask_blocks_the_future(weights):
 
 def test_kv_cache_positions_match_full_sequence():
     q, k, v = (torch.randn(1, 2, 7, 8) for _ in range(3))
-    rope = posenc.RoPE(8)
+    rope = posenc.RotaryEmbedding(8)
     full = posenc.attention(q, k, v, encoding=rope, causal=True)
     last = posenc.attention(q[:, :, -2:], k, v, encoding=rope, causal=True)
     assert torch.allclose(full[:, :, -2:], last, atol=1e-6)

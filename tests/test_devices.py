@@ -29,6 +29,6 @@ def test_frequencies_rope_and_alibi_on_meta():
 def test_attention_with_every_kind_on_meta():
     x = torch.randn(1, 6, 16, device=META)
     weights = [torch.randn(16, 16, device=META) for _ in range(3)]
-    for encoding in (posenc.NoPE(), posenc.SinusoidalInput(16), posenc.RoPE(8), posenc.ALiBi(2)):
+    for encoding in (posenc.NoPE(), posenc.SinusoidalInput(16), posenc.RotaryEmbedding(8), posenc.ALiBi(2)):
         out = posenc.self_attention(x, *weights, 2, encoding=encoding.to(META), causal=True)
         assert out.device == META and out.shape == (1, 6, 16)

@@ -10,7 +10,7 @@ from hypothesis import strategies as st
 from posenc.experiments import (ENCODINGS, ExperimentConfig, accuracies, accuracy_spread, build_model,
                                 encoding_label, evaluate, fine_tune, jordan_frequencies, jordan_rotation_generator,
                                 results_table, run_encoding, run_experiments, threads, train, with_rope)
-from posenc.groups import jordan_generator
+from posenc.generators import jordan_generator
 from posenc.tasks import IGNORE_INDEX, CopyBack, FetchPosition, position_blind_accuracy
 
 TINY = ExperimentConfig(vocab_size=8, train_length=8, length_factors=(1, 2, 4), d_model=16, n_heads=2, n_layers=1,
@@ -219,7 +219,7 @@ def test_with_rope_swaps_only_the_table():
     # exact by construction: the rebuilt table is computed by the same code from the same parameters
     assert all(torch.equal(a(tokens), b(tokens)) for a, b in zip(models, same))
     stretched = with_rope(models, {"rope_type": "linear", "factor": 4.0}, TINY.train_length)
-    assert torch.allclose(stretched[0].encoding.rotary.inv_freq, models[0].encoding.rotary.inv_freq / 4)
+    assert torch.allclose(stretched[0].encoding.inv_freq, models[0].encoding.inv_freq / 4)
     assert not torch.allclose(stretched[0](tokens), models[0](tokens))
     with pytest.raises(TypeError, match="RoPE"):
         with_rope([build_model("alibi", TINY, 0)], {"rope_type": "default"}, 8)
