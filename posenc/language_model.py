@@ -339,3 +339,52 @@ def head_roles(probabilities: torch.Tensor, skip: int = 16) -> dict:
     return {"diagonal": probabilities[..., rows, rows].mean(-1),
             "previous": probabilities[..., rows, rows - 1].mean(-1),
             "sink": probabilities[..., rows, 0].mean(-1)}
+
+
+# --------------------------------------------------------------------------------------------- long context
+LONG_CONTEXT_METHODS = ("RoPE", "NTK-aware", "YaRN", "PI", "dynamic NTK")
+LONG_CONTEXT_FILE = Path(__file__).resolve().parent / "data" / "long_context.json"
+
+
+def long_context_results(path: str | Path | None = None) -> dict:
+    """The committed result of ``book/tools/long_context.py`` (``make long-context``), checked.
+
+    ``path``: the JSON file; default ``posenc/data/long_context.json``, shipped with the package (so a pip
+    install, as in Colab, has it). Raises ``FileNotFoundError`` saying how to make the file, and
+    ``ValueError`` naming the first field that is missing or not finite. Per method (``LONG_CONTEXT_METHODS``):
+    ``bands`` (band ``"a-b"`` -> mean next-token loss in nats over predicted positions ``a .. b - 1``); every
+    method but dynamic NTK also has ``bin_means`` (mean loss per ``bin`` positions) and ``first_256``.
+    """
+    if path is not None and not isinstance(path, (str, Path)):
+        raise TypeError(f"path must be None or a path, got {type(path).__name__}")
+    path = Path(LONG_CONTEXT_FILE if path is None else path)
+    if not path.is_file():
+        raise FileNotFoundError(f"no long-context result at {path}: it ships with posenc as "
+                                "posenc/data/long_context.json; `make long-context` remakes it (about 10 "
+                                "minutes on 2 CPU cores)")
+    record = json.loads(path.read_text())
+
+    def finite(where: str, value) -> None:
+        if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value):
+            raise ValueError(f"{path.name}: {where} must be a finite number, got {value!r}")
+
+    for key in ("trained_length", "factor", "bin", "text", "methods", "machine", "versions", "command"):
+        if key not in record:
+            raise ValueError(f"{path.name}: missing field {key!r}")
+    trained, length = record["trained_length"], record["text"]["tokens"][1] - record["text"]["tokens"][0] - 1
+    bands = [f"0-{trained}", f"{trained}-{trained * 3 // 2}", f"{trained * 3 // 2}-{2 * trained}"]
+    for name in LONG_CONTEXT_METHODS:
+        result = record["methods"].get(name)
+        if result is None:
+            raise ValueError(f"{path.name}: missing method {name!r}")
+        for band in bands:
+            finite(f"methods[{name!r}]['bands'][{band!r}]", result.get("bands", {}).get(band))
+        if name != "dynamic NTK":
+            finite(f"methods[{name!r}]['first_256']", result.get("first_256"))
+            bins = result.get("bin_means", [])
+            if len(bins) * record["bin"] != length:
+                raise ValueError(f"{path.name}: methods[{name!r}]['bin_means'] must cover the {length} positions "
+                                 f"in bins of {record['bin']}, got {len(bins)} bins")
+            for index, value in enumerate(bins):
+                finite(f"methods[{name!r}]['bin_means'][{index}]", value)
+    return record

