@@ -41,7 +41,7 @@ def copy_frames(notebooks: list[Path], target: Path) -> int:
     missing = sorted(name for name in names if not (frames_dir() / name).exists())
     if missing:
         raise SystemExit(f"{len(missing)} figure files the executed notebooks refer to are not in {frames_dir()} "
-                         f"(e.g. {missing[0]}): run book/tools/run_notebooks.py again")
+                         f"(e.g. {missing[0]}): run python -m book.tools.run_notebooks again")
     target.mkdir(parents=True, exist_ok=True)
     for name in names:
         shutil.copyfile(frames_dir() / name, target / name)
@@ -81,7 +81,7 @@ def stage() -> Path:
         staged.append(STAGE / f"{entry}.ipynb")
     if missing:
         raise SystemExit(
-            f"no up-to-date executed copy of {missing}: run book/tools/run_notebooks.py (make book does) first"
+            f"no up-to-date executed copy of {missing}: run python -m book.tools.run_notebooks (make book does) first"
         )
     count = copy_frames(staged, STAGE / "book" / "_static" / "frames")
     print(f"staged {len(staged)} executed notebooks and {count} figure files", flush=True)

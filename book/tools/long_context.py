@@ -9,7 +9,7 @@ one extra 12k pass gives ``[8k, 12k)``).
 
 Usage (what ``make long-context`` runs)::
 
-    nice -n 10 python book/tools/long_context.py --threads 2 --output posenc/data/long_context.json
+    nice -n 10 python -m book.tools.long_context --threads 2 --output posenc/data/long_context.json
 """
 from __future__ import annotations
 
@@ -146,7 +146,7 @@ def main(argv=None) -> int:
         "versions": {"python": platform.python_version(), "torch": torch.__version__,
                      "transformers": transformers.__version__, "posenc": posenc.__version__,
                      "git_commit": git_commit()},
-        "command": " ".join([Path(sys.executable).name, "book/tools/long_context.py"] + list(sys.argv[1:] if argv is None else argv)),
+        "command": " ".join([Path(sys.executable).name, "-m", "book.tools.long_context"] + list(sys.argv[1:] if argv is None else argv)),
         "model": {"name": lm.name, "source": Path(lm.info["source"]).name},
     }
     output = Path(args.output)

@@ -50,6 +50,21 @@ def test_front_page_figure_fits_a_phone(open_page, base_url):
 
 
 @pytest.mark.skipif(not PAGES_WITH_FIGURES, reason="no chapter with figures")
+def test_a_tap_enlarges_a_figure_on_a_phone(open_page, base_url):
+    page, traffic = open_page(base_url + PAGES_WITH_FIGURES[0].html, viewport={"width": 390, "height": 844})
+    image = page.locator("article img.posenc-img").first
+    image.scroll_into_view_if_needed()
+    fitted = image.bounding_box()["width"]
+    assert fitted <= 390, f"a figure is {fitted:.0f} px wide on a 390 px phone before any tap"
+    image.click()
+    enlarged = image.bounding_box()["width"]
+    assert enlarged >= 1.4 * fitted, f"a tap took the figure from {fitted:.0f} to {enlarged:.0f} px"
+    image.click(position={"x": 20, "y": 20})
+    assert image.bounding_box()["width"] == fitted, "a second tap did not fit the figure to the column again"
+    assert not traffic.problems(), traffic.problems()
+
+
+@pytest.mark.skipif(not PAGES_WITH_FIGURES, reason="no chapter with figures")
 def test_dark_mode_figures_are_not_white_slabs(open_page, base_url):
     page, traffic = open_page(base_url + PAGES_WITH_FIGURES[0].html)
     image = page.locator("article img.posenc-img").first
