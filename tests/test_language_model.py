@@ -141,7 +141,7 @@ def test_committed_long_context_result_has_what_chapter_12_reads():
     assert record["trained_length"] == 8192 and record["factor"] == 2.0 and record["bin"] == 512
     assert record["text"]["tokens"][1] - record["text"]["tokens"][0] == 16385
     assert {"cpu", "threads"} <= set(record["machine"]) and {"torch", "transformers"} <= set(record["versions"])
-    assert record["command"].startswith("python") and "long_context.py" in record["command"]
+    assert record["command"].startswith("python") and "long_context" in record["command"]
     bands = ["0-8192", "8192-12288", "12288-16384"]
     for name in L.LONG_CONTEXT_METHODS:
         result = record["methods"][name]
