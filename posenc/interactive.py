@@ -77,16 +77,20 @@ def use_book_style() -> None:
     matplotlib.style.use(BOOK_STYLE)
 
 
-def _render_live_png(fig) -> bytes:
-    """The figure as a PNG at its own dpi, drawn by Agg and encoded with light compression (a live frame)."""
+def _draw_image(fig):
+    """The figure drawn by Agg at its current dpi, as a PIL RGBA image."""
     from matplotlib.backends.backend_agg import FigureCanvasAgg
     from PIL import Image
 
     canvas = fig.canvas if isinstance(fig.canvas, FigureCanvasAgg) else FigureCanvasAgg(fig)
     canvas.draw()
-    image = Image.frombuffer("RGBA", canvas.get_width_height(), canvas.buffer_rgba(), "raw", "RGBA", 0, 1)
+    return Image.frombuffer("RGBA", canvas.get_width_height(), canvas.buffer_rgba(), "raw", "RGBA", 0, 1)
+
+
+def _render_live_png(fig) -> bytes:
+    """The figure as a PNG at its own dpi, encoded with light compression (a live frame)."""
     buffer = io.BytesIO()
-    image.save(buffer, format="png", compress_level=LIVE_PNG_COMPRESSION)
+    _draw_image(fig).save(buffer, format="png", compress_level=LIVE_PNG_COMPRESSION)
     return buffer.getvalue()
 
 
@@ -145,16 +149,12 @@ class StaticImage:
 
 def _static_png(fig, colors: int | None) -> tuple[bytes, int, int]:
     """``fig`` drawn at :func:`static_dpi` and encoded (quantised to ``colors`` if given): png, width, height."""
-    from matplotlib.backends.backend_agg import FigureCanvasAgg
     from PIL import Image
 
     original_dpi = fig.dpi
-    canvas = FigureCanvasAgg(fig) if not isinstance(fig.canvas, FigureCanvasAgg) else fig.canvas
     try:
         fig.set_dpi(static_dpi(fig))
-        canvas.draw()
-        image = Image.frombuffer("RGBA", canvas.get_width_height(), canvas.buffer_rgba(), "raw", "RGBA", 0, 1)
-        image = image.convert("RGB")
+        image = _draw_image(fig).convert("RGB")
         if colors:
             image = image.quantize(colors=colors, method=Image.Quantize.FASTOCTREE, dither=Image.Dither.NONE)
         buffer = io.BytesIO()
@@ -226,11 +226,9 @@ def _figure_html(image: StaticImage, caption: str) -> str:
             '</figure>')
 
 
-def show_figure(fig, caption: str, dpi: int | None = None):
-    """Display a finished matplotlib figure as an image whose alt text is ``caption`` (and close it).
-
-    The image is rendered :data:`STATIC_WIDTH_PX` wide whatever ``dpi`` (kept for old calls, unused).
-    """
+def show_figure(fig, caption: str):
+    """Display a finished matplotlib figure as an image whose alt text is ``caption`` (and close it); the image
+    is rendered :data:`STATIC_WIDTH_PX` wide."""
     from IPython.display import HTML, display
 
     if not caption or not isinstance(caption, str):
@@ -368,16 +366,11 @@ class InteractiveFigure:
         while math.prod(counts.values()) > self.max_total_frames and max(counts.values()) > 2:
             largest = max(counts, key=counts.get)
             counts[largest] -= 1
-        chosen = {name: _subsample(self.sliders[name], counts[name]) for name in self.sliders}
-        return chosen
+        return {name: _subsample(self.sliders[name], counts[name]) for name in self.sliders}
 
-    def frames(self, name: str | None = None) -> tuple:
-        """The static frames, a :class:`StaticImage` per point of the grid of :meth:`frame_values`, in C order
-        (the last slider fastest). ``frames(name)`` (old form) varies ``name`` alone, the others at their
-        defaults: ``(values, images)``."""
-        if name is not None:
-            values = _subsample(self.sliders[name], self.max_frames)
-            return values, [render_static(self.update(**{name: value}), self.colors) for value in values]
+    def frames(self) -> tuple[dict, list]:
+        """``(grid, images)``: :meth:`frame_values` and a :class:`StaticImage` per point of that grid, in C order
+        (the last slider fastest)."""
         grid = self.frame_values()
         names = list(grid)
         images = []

@@ -84,7 +84,8 @@ def test_joint_frames_are_subsampled_to_the_budget_and_keep_the_ends():
     assert grid["scale"][0] == 0 and grid["scale"][-1] == 29
     single = interactive.InteractiveFigure(draw, {"scale": range(100)}, "a line", figsize=(3, 2), max_frames=7)
     assert single.frame_values()["scale"] == [round(i * 99 / 6) for i in range(7)]
-    values, images = single.frames("scale")  # one slider alone, the others at their defaults
+    grid, images = single.frames()
+    values = grid["scale"]
     assert values[0] == 0 and values[-1] == 99 and len(values) == len(images) == 7
 
 
