@@ -346,6 +346,12 @@ LONG_CONTEXT_METHODS = ("RoPE", "NTK-aware", "YaRN", "PI", "dynamic NTK")
 LONG_CONTEXT_FILE = Path(__file__).resolve().parent / "data" / "long_context.json"
 
 
+def long_context_bands(trained: int) -> list[tuple[int, int]]:
+    """The position bands ``[a, b)`` the long-context result reports: within the trained length, then its next
+    half and the half after (up to twice the trained length)."""
+    return [(0, trained), (trained, trained * 3 // 2), (trained * 3 // 2, 2 * trained)]
+
+
 def long_context_results(path: str | Path | None = None) -> dict:
     """The committed result of ``book/tools/long_context.py`` (``make long-context``), checked.
 
@@ -372,7 +378,7 @@ def long_context_results(path: str | Path | None = None) -> dict:
         if key not in record:
             raise ValueError(f"{path.name}: missing field {key!r}")
     trained, length = record["trained_length"], record["text"]["tokens"][1] - record["text"]["tokens"][0] - 1
-    bands = [f"0-{trained}", f"{trained}-{trained * 3 // 2}", f"{trained * 3 // 2}-{2 * trained}"]
+    bands = [f"{a}-{b}" for a, b in long_context_bands(trained)]
     for name in LONG_CONTEXT_METHODS:
         result = record["methods"].get(name)
         if result is None:

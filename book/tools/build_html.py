@@ -23,6 +23,7 @@ import yaml
 
 from book.tools.book_files import ROOT, executed_dir, toc_entries
 from book.tools.make_offline import main as check_offline
+from posenc.interactive import FRAMES_DIR_ENV
 
 STAGE = ROOT / "_build" / "stage"
 FRAME_URL = re.compile(r"_static/frames/([0-9a-f]{20}\.png)")
@@ -30,7 +31,7 @@ FRAME_URL = re.compile(r"_static/frames/([0-9a-f]{20}\.png)")
 
 def frames_dir() -> Path:
     """Where the notebooks' kernels wrote static figure files (see posenc.interactive.frames_dir)."""
-    return Path(os.environ.get("POSENC_FRAMES_DIR") or ROOT / "_build" / "frames")
+    return Path(os.environ.get(FRAMES_DIR_ENV) or ROOT / "_build" / "frames")
 
 
 def copy_frames(notebooks: list[Path], target: Path) -> int:
@@ -38,13 +39,14 @@ def copy_frames(notebooks: list[Path], target: Path) -> int:
     names = set()
     for notebook in notebooks:
         names.update(FRAME_URL.findall(notebook.read_text(encoding="utf-8")))
-    missing = sorted(name for name in names if not (frames_dir() / name).exists())
+    source = frames_dir()
+    missing = sorted(name for name in names if not (source / name).exists())
     if missing:
-        raise SystemExit(f"{len(missing)} figure files the executed notebooks refer to are not in {frames_dir()} "
+        raise SystemExit(f"{len(missing)} figure files the executed notebooks refer to are not in {source} "
                          f"(e.g. {missing[0]}): run python -m book.tools.run_notebooks again")
     target.mkdir(parents=True, exist_ok=True)
     for name in names:
-        shutil.copyfile(frames_dir() / name, target / name)
+        shutil.copyfile(source / name, target / name)
     return len(names)
 
 

@@ -88,7 +88,7 @@ def main(argv=None) -> int:
     lm = lm_module.load_language_model()
     ids = lm_module.text_window(lm, args.start, args.length + 1)
     half = args.length // 2
-    bands = [(0, TRAINED), (TRAINED, TRAINED + TRAINED // 2), (TRAINED + TRAINED // 2, 2 * TRAINED)]
+    bands = lm_module.long_context_bands(TRAINED)
     if args.length > 2 * TRAINED:
         bands.append((2 * TRAINED, args.length))
     bands = [(a, b) for a, b in bands if b <= args.length]
