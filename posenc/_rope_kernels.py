@@ -3,22 +3,30 @@
 :mod:`posenc.rope` holds the mathematics (the rotation formula); this module holds three faster ways of
 computing exactly that formula, chosen per call by :class:`RotationEngine`:
 
-* **blocked out= kernels** (the default for large inputs). An eager rotation makes six elementwise passes over
-  half-size data (``x1 * cos``, ``x2 * sin``, a difference, and the same for the second half). On a large input
-  each pass streams from main memory. Here the input is cut into blocks of about :data:`BLOCK_ELEMENTS`
-  elements, and all passes run on one block while it is in cache, writing straight into the output (no
-  ``cat``, half-size tables broadcast over heads, scratch buffers allocated once per call). The elementwise
-  operations and their order are those of the formula, so the result is the same bit for bit, in every
-  dtype (a bf16 or fp16 input is widened to float32 per block, and rounded once at the end).
+* **blocked out= kernels** (the default for large inputs). Written as transformers writes it, a rotation makes
+  six elementwise passes over half-size data plus a ``cat``, each streaming from main memory on a large input.
+  Here the tables are first widened to full rows, ``cos_full = (cos, cos)`` and ``sin_full = (sin, sin)``
+  (interleaved layout: each entry twice), and the input is cut into blocks of about :data:`BLOCK_ELEMENTS`
+  elements (on a long sequence, the same stretch of positions in several heads, so that the tables' rows are read
+  once per block). Each block takes four passes while it is in cache: ``t = x * sin_full`` and
+  ``out = x * cos_full`` over whole rows (long contiguous loops), then ``out1 -= t2`` and ``out2 += t1`` on the
+  two halves. That is ``x1 cos - x2 sin`` and ``x2 cos + x1 sin`` with the formula's products, each rounded once,
+  so the result is the same bit for bit, in every dtype (a bf16 or fp16 block is widened to float32 first and
+  rounded once at the end). In place, ``t`` is taken before ``x`` is overwritten, so ``x`` is read and written
+  once per block.
+  Each pass runs over a whole block, so torch spreads it over its intra-op threads.
 * a custom autograd function around the blocked kernel: the gradient of a rotation is the rotation by the
   opposite angle, so the backward pass is the same fast kernel;
 * ``torch.compile`` of the formula (``compiled=True``): one fused loop that reads ``x`` once and writes once.
   In place, large inputs take the blocked kernel instead (see :meth:`RotationEngine.compiled_in_place`).
+
+There is no ``addcmul`` here: torch's CPU kernel fuses its multiply and add (one rounding instead of two), which
+would change the result in the last bit.
 """
 from __future__ import annotations
 
+import itertools
 import math
-from concurrent.futures import ThreadPoolExecutor
 from typing import Callable
 
 import torch
@@ -27,11 +35,12 @@ from ._compile import CompiledFunction
 
 # Below this many elements the plain formula is faster than the kernel (fewer Python-level calls).
 KERNEL_MIN_NUMEL = 1 << 16
-# Elements of x per block: a block, its output, the tables' rows and the scratch stay in a core's cache, and each
-# operation on a block's half-size views (< 32768 elements, torch's grain size) runs serially in its worker thread,
-# so that no operation opens a parallel region of its own (costly, and very slow on a loaded machine). Measured
-# against 16k, 32k (with fewer, full-width operations), 128k and 256k elements.
-BLOCK_ELEMENTS = 60_000
+# Elements of x per block: large enough that the per-call overhead of the four passes is small and each pass is
+# shared among torch's threads, small enough that a block, its output, the scratch and the tables' rows (about
+# five blocks' worth) stay in the last-level cache. Measured against 2**16 ... 2**20 (make bench).
+BLOCK_ELEMENTS = 1 << 19
+# Elements of one head's run of a long sequence within a block (see _blocks): long enough for fast inner loops.
+RUN_ELEMENTS = 1 << 15
 
 _functorch_active = getattr(torch._C, "_are_functorch_transforms_active", lambda: False)
 
@@ -41,9 +50,24 @@ def tables_fit(x, table) -> bool:
     return all(t in (1, n) for t, n in zip(reversed(table.shape[:-1]), reversed(x.shape[:-1])))
 
 
-def _blocks(shape, target: int):
+def _blocks(shape, target: int, run: int | None = None):
     """Index tuples (slices over the leading axes and the sequence axis) that cut a tensor of ``shape``
-    ``(..., L, D)`` into blocks of at most ``max(target, D)`` elements, in memory order of a contiguous tensor."""
+    ``(..., H, L, D)`` into blocks of at most ``max(target, D)`` elements.
+
+    A long sequence is cut into runs of about ``run`` (default :data:`RUN_ELEMENTS`) elements per head, and a block takes the same run of as
+    many heads as fit: tables that broadcast over heads then contribute one run to a block, not one per head.
+    Short sequences are taken whole, several heads (and batch entries) per block, in memory order."""
+    rows = max(1, min(shape[-2], (run or RUN_ELEMENTS) // shape[-1], target // shape[-1]))
+    if rows == shape[-2] or len(shape) < 3:
+        return _whole_blocks(shape, target)
+    heads = max(1, min(shape[-3], target // (rows * shape[-1])))
+    return (tuple(slice(i, i + 1) for i in outer) + (slice(h, h + heads), slice(r, r + rows))
+            for outer in itertools.product(*map(range, shape[:-3]))
+            for h in range(0, shape[-3], heads) for r in range(0, shape[-2], rows))
+
+
+def _whole_blocks(shape, target: int):
+    """Blocks of whole rows of the leading axes, at most ``max(target, D)`` elements, in memory order."""
     def split(prefix, dim):
         inner = math.prod(shape[dim + 1:])  # elements per index of this axis
         size = shape[dim]
@@ -64,15 +88,13 @@ def _take(table, index):
     return table[tuple(s if table.shape[d] != 1 else slice(None) for d, s in enumerate(index))]
 
 
+def full_tables(cos, sin, layout: str):
+    """Half-size tables ``(..., R/2)`` widened to one entry per rotated feature, ``(..., R)``: ``(cos, cos)`` for
+    ``"half"``, each entry twice for ``"interleaved"``."""
+    if layout == "half":
+        return torch.cat((cos, cos), dim=-1), torch.cat((sin, sin), dim=-1)
+    return cos.repeat_interleave(2, dim=-1), sin.repeat_interleave(2, dim=-1)
 
-def _rotate_pairs_into(x1, x2, cos, sin, out1, out2, tmp):
-    """``out1 = x1 cos - x2 sin``, ``out2 = x2 cos + x1 sin`` in transformers' order of operations (``tmp``: scratch)."""
-    torch.mul(x1, cos, out=out1)
-    torch.mul(x2, sin, out=tmp)
-    out1.sub_(tmp)
-    torch.mul(x2, cos, out=out2)
-    torch.mul(x1, sin, out=tmp)
-    out2.add_(tmp)
 
 class RotationEngine:
     """Fast paths for ``formula(x, cos, sin, layout)`` (tables already aligned to ``x``); ``pairs(t, half,
@@ -116,80 +138,53 @@ class RotationEngine:
         return self.formula_in_place(x, cos, sin, layout)
 
     # ------------------------------------------------------------------------------------------ the kernel
-    def rotate_into(self, out, x, cos, sin, layout, block_elements: int | None = None,
-                    threads: int | None = None):
+    def rotate_into(self, out, x, cos, sin, layout, block_elements: int | None = None):
         """Write the rotation of ``x`` into ``out`` (``x`` itself for in place), block by block; no autograd.
 
-        ``cos``/``sin`` must broadcast to ``x``. Bit for bit the arithmetic of the formula. On the CPU the blocks
-        are shared among ``threads`` workers (default ``torch.get_num_threads()``), each running its operations
-        serially; other devices take the whole tensor as one block.
+        ``cos``/``sin``: ``(..., L, R/2)``, broadcasting to ``x`` ``(..., L, D)``. Bit for bit the arithmetic of
+        the formula. Off the CPU the whole tensor is one block.
         """
         half = cos.shape[-1]
-        cos = cos.reshape((1,) * (x.ndim - cos.ndim) + cos.shape)
-        sin = sin.reshape(cos.shape)
-        wide = x.dtype not in (torch.float32, torch.float64)  # bf16, fp16: float32 arithmetic, rounded once
-        scratch_dtype = torch.promote_types(torch.promote_types(torch.float32 if wide else x.dtype, cos.dtype),
-                                            sin.dtype)
-        same_dtype = scratch_dtype == x.dtype
+        rotary = 2 * half
+        cos_full, sin_full = full_tables(cos, sin, layout)
+        cos_full = cos_full.reshape((1,) * (x.ndim - cos_full.ndim) + cos_full.shape)
+        sin_full = sin_full.reshape(cos_full.shape)
+        work_dtype = torch.promote_types(torch.promote_types(
+            x.dtype if x.dtype in (torch.float32, torch.float64) else torch.float32, cos.dtype), sin.dtype)
+        widen = work_dtype != x.dtype  # bf16, fp16 (or tables wider than x): wider arithmetic, rounded once
         target = max(block_elements or BLOCK_ELEMENTS, x.shape[-1])
-        if x.device.type != "cpu":  # an accelerator runs each operation over the whole tensor, on its own stream
-            target, threads = max(x.numel(), 1), 1
-        block_pairs = min(math.prod(x.shape[:-1]), target // x.shape[-1]) * half
-        blocks = list(_blocks(tuple(x.shape), target))
-        threads = max(1, min(threads or torch.get_num_threads(), len(blocks)))
-        grad_enabled, inference = False, torch.is_inference_mode_enabled()
-
-        def work(share):
-            scratch = [torch.empty(block_pairs, dtype=scratch_dtype, device=x.device)
-                       for _ in range(2 if same_dtype else 3)]
-            with torch.inference_mode(inference) if inference else torch.set_grad_enabled(grad_enabled):
-                for index in share:
-                    self._rotate_block(out, x, cos, sin, layout, half, index, scratch, same_dtype)
-
-        if threads == 1:
-            work(blocks)
-        else:  # contiguous shares: each worker streams through its own part of memory
-            shares = [blocks[i * len(blocks) // threads:(i + 1) * len(blocks) // threads] for i in range(threads)]
-            futures = [_pool(threads - 1).submit(work, share) for share in shares[1:]]
-            work(shares[0])
-            for future in futures:
-                future.result()
+        if x.device.type != "cpu":  # an accelerator runs each operation over the whole tensor
+            target = max(x.numel(), 1)
+        size = min(math.prod(x.shape[:-1]), target // x.shape[-1]) * rotary
+        scratch = [torch.empty(size, dtype=work_dtype, device=x.device) for _ in range(2 if widen else 1)]
+        with torch.no_grad():
+            for index in _blocks(tuple(x.shape), target):
+                self._rotate_blocks(out is x, x[index], out[index], _take(cos_full, index), _take(sin_full, index),
+                                    rotary, half, layout, scratch, widen)
         return out
 
-    def _rotate_block(self, out, x, cos, sin, layout, half, index, scratch, same_dtype):
-        xb, ob = x[index], out[index]
-        cb, sb = _take(cos, index), _take(sin, index)
-        x1, x2 = self.pairs(xb, half, layout)
-        o1, o2 = self.pairs(ob, half, layout)
-        shape = x1.shape
-        count = math.prod(shape)
-        a, b = (s[:count].view(shape) for s in scratch[:2])
-        in_place = out is x
-        if same_dtype and not in_place:
-            _rotate_pairs_into(x1, x2, cb, sb, o1, o2, a)
-        elif same_dtype:  # in place: the first half waits in scratch until x1 has been used
-            torch.mul(x1, cb, out=a)
-            torch.mul(x2, sb, out=b)
-            a.sub_(b)
-            torch.mul(x1, sb, out=b)
-            x2.mul_(cb).add_(b)
-            x1.copy_(a)
-        else:  # widened to float32 (or the tables' dtype), rounded once into out
-            c = scratch[2][:count].view(shape)
-            _rotate_pairs_into(x1, x2, cb, sb, a, c, b)
-            o1.copy_(a)
-            o2.copy_(c)
-        if not in_place and xb.shape[-1] > 2 * half:
-            ob[..., 2 * half:].copy_(xb[..., 2 * half:])
+    def _rotate_blocks(self, in_place, xb, ob, cb, sb, rotary, half, layout, scratch, widen):
+        """One block: ``xb`` rotated into ``ob`` (the same view in place) with its rows of the full tables."""
+        if not in_place and xb.shape[-1] > rotary:  # the features that do not rotate pass through
+            ob[..., rotary:].copy_(xb[..., rotary:])
+        xb, ob = xb[..., :rotary], ob[..., :rotary]
+        t = scratch[0][:xb.numel()].view(xb.shape)
+        if widen:
+            w = scratch[1][:xb.numel()].view(xb.shape)
+            w.copy_(xb)
+            self._rotate_block(w, w, cb, sb, t, half, layout)
+            ob.copy_(w)
+        else:
+            self._rotate_block(ob, xb, cb, sb, t, half, layout)
 
-
-_pools: dict[int, ThreadPoolExecutor] = {}
-
-
-def _pool(workers: int) -> ThreadPoolExecutor:
-    if workers not in _pools:
-        _pools[workers] = ThreadPoolExecutor(workers, thread_name_prefix="posenc-rope")
-    return _pools[workers]
+    def _rotate_block(self, out, x, cos_full, sin_full, t, half, layout):
+        """``out1 = x1 cos - x2 sin``, ``out2 = x2 cos + x1 sin`` in four passes (``out`` may be ``x``)."""
+        torch.mul(x, sin_full, out=t)  # (x1 sin, x2 sin)
+        torch.mul(x, cos_full, out=out)  # (x1 cos, x2 cos)
+        out1, out2 = self.pairs(out, half, layout)
+        t1, t2 = self.pairs(t, half, layout)
+        out1.sub_(t2)
+        out2.add_(t1)
 
 
 class _Rotation(torch.autograd.Function):

@@ -1,7 +1,7 @@
 """posenc's fast RoPE kernels (posenc._rope_kernels).
 
 The blocked out= kernel is bit for bit transformers' formula (values and gradients), whatever the block size and
-the number of worker threads; the torch.compile-fused kernel agrees within one rounding; torch.compile traces
+the number of threads; the torch.compile-fused kernel agrees within one rounding; torch.compile traces
 apply_rope without graph breaks; everything runs on meta tensors; a failed compile falls back to the eager kernel
 with one warning.
 
@@ -11,6 +11,7 @@ values (only the blocking of memory and the threads differ, and elementwise resu
 the gradient is the same rotation by -sin, which is exactly autograd's sum of the same two products (negation is
 exact); vmap and torch.compile(backend="eager") replay the same operations.
 """
+import itertools
 import os
 import warnings
 
@@ -245,51 +246,60 @@ def test_the_compiled_kernel_equals_the_reference_with_gradients(monkeypatch):
     assert torch._dynamo.utils.counters["stats"]["unique_graphs"] > graphs  # really compiled, not skipped
 
 
-def _blocked(x, cos, sin, layout, block, threads, in_place=False):
+def _blocked(x, cos, sin, layout, block, in_place=False):
     cos, sin = (rope._align_table(t, x) for t in (cos, sin))
     out = x if in_place else torch.empty_like(x)
-    return rope._ENGINE.rotate_into(out, x, cos, sin, layout, block_elements=block, threads=threads)
+    return rope._ENGINE.rotate_into(out, x, cos, sin, layout, block_elements=block)
 
 
 @settings(max_examples=60, deadline=None)
 @given(dtype=st.sampled_from(DTYPES), layout=st.sampled_from(LAYOUTS), pairs=st.integers(1, 8),
        extra=st.integers(0, 3), length=st.integers(1, 23), batch_tables=st.booleans(), transposed=st.booleans(),
-       block=st.integers(1, 400), threads=st.integers(1, 3), seed=st.integers(0, 2**16))
-def test_blocked_kernel_is_bit_exact_for_any_block_size_and_threads(dtype, layout, pairs, extra, length,
-                                                                      batch_tables, transposed, block, threads,
-                                                                      seed):
-    """Blocks that cut through heads and sequences at odd places (tails of every loop), any worker count."""
+       block=st.integers(1, 400), run=st.integers(1, 200), threads=st.integers(1, 3), seed=st.integers(0, 2**16))
+def test_blocked_kernel_is_bit_exact_for_any_block_size_and_thread_count(dtype, layout, pairs, extra, length,
+                                                                           batch_tables, transposed, block, run,
+                                                                           threads, seed):
+    """Blocks that cut through heads and sequences at odd places (tails of every loop), runs of a sequence shared
+    by several heads, any intra-op thread count (restored afterwards)."""
     torch.manual_seed(seed)
     head_dim = 2 * (pairs + extra)
     x = torch.randn(2, length, 3, head_dim).transpose(1, 2) if transposed else torch.randn(2, 3, length, head_dim)
     x = (4 * x).to(dtype)
     cos, sin = random_tables(*((2, length, pairs) if batch_tables else (length, pairs)))
     expected = rope._rotation_formula(x, *(rope._align_table(t, x) for t in (cos, sin)), layout)
-    assert torch.equal(_blocked(x, cos, sin, layout, block, threads), expected)
-    copy = x.clone()
-    assert torch.equal(_blocked(copy, cos, sin, layout, block, threads, in_place=True), expected)
+    before, run_before = torch.get_num_threads(), _rope_kernels.RUN_ELEMENTS
+    torch.set_num_threads(threads)
+    _rope_kernels.RUN_ELEMENTS = run  # hypothesis reuses the test function: no monkeypatch fixture here
+    try:
+        assert torch.equal(_blocked(x, cos, sin, layout, block), expected)
+        copy = x.clone()
+        assert torch.equal(_blocked(copy, cos, sin, layout, block, in_place=True), expected)
+    finally:
+        torch.set_num_threads(before)
+        _rope_kernels.RUN_ELEMENTS = run_before
 
 
 def test_blocks_cover_every_element_once():
     for shape in ((2, 3, 37, 20), (5, 16), (1, 1, 1, 2), (3, 1, 4, 7, 6)):
-        for target in (1, 6, 20, 50, 10**6):
+        for target, run in itertools.product((1, 6, 20, 50, 10**6), (1, 7, 40, 10**6)):
             seen = torch.zeros(shape, dtype=torch.int64)
-            for index in _rope_kernels._blocks(shape, max(target, shape[-1])):
+            for index in _rope_kernels._blocks(shape, max(target, shape[-1]), run):
+                assert seen[index].numel() <= max(target, shape[-1])
                 seen[index] += 1
-            assert torch.equal(seen, torch.ones_like(seen)), (shape, target)
+            assert torch.equal(seen, torch.ones_like(seen)), (shape, target, run)
 
 
 def test_blocked_kernel_respects_the_callers_grad_and_inference_modes():
     x = torch.randn(2, 3, 50, 8, requires_grad=True)
     cos, sin = random_tables(50, 4)
-    with torch.no_grad():  # in place on a leaf that requires grad is fine without grad mode, in every worker
+    with torch.no_grad():  # in place on a leaf that requires grad is fine without grad mode, in the kernel
         y = x.detach().clone().requires_grad_()
-        _blocked(y, cos, sin, "half", 16, 2, in_place=True)
+        _blocked(y, cos, sin, "half", 16, in_place=True)
         assert torch.equal(y, rope._rotation_formula(x.detach(), cos, sin, "half"))
     with torch.inference_mode():
         z = torch.randn(2, 3, 50, 8)
-        assert torch.equal(_blocked(z, cos, sin, "half", 16, 2), rope._rotation_formula(z, cos, sin, "half"))
-        assert torch.equal(_blocked(z.clone(), cos, sin, "half", 16, 2, in_place=True),
+        assert torch.equal(_blocked(z, cos, sin, "half", 16), rope._rotation_formula(z, cos, sin, "half"))
+        assert torch.equal(_blocked(z.clone(), cos, sin, "half", 16, in_place=True),
                            rope._rotation_formula(z, cos, sin, "half"))
 
 
