@@ -247,11 +247,16 @@ class InteractiveFigure:
     """``draw(fig, **values)`` redrawn for slider values; see the module docstring.
 
     ``sliders``: name -> sequence of values; ``defaults``: name -> starting value (default: the middle one).
+
+    ``keep_axes=True``: after the first redraw with a frozen layout, later redraws with that layout (live ones and
+    static frames) do not clear the figure: ``draw`` is called on the figure as it left it and updates its artists
+    in place (``set_data``, titles, ``relim``), which skips re-creating axes and ticks (most of a redraw's cost).
+    Such a ``draw`` builds the figure when ``fig.axes`` is empty and must not add axes otherwise.
     """
 
     def __init__(self, draw: Callable, sliders: dict, caption: str, *, defaults: dict | None = None,
                  figsize=(6.4, 3.6), dpi: int = 72, max_frames: int = 30, max_total_frames: int = 64,
-                 max_bytes: int = 1_500_000, colors: int | None = 64):
+                 max_bytes: int = 1_500_000, colors: int | None = 64, keep_axes: bool = False):
         if not callable(draw):
             raise TypeError(f"draw must be callable as draw(fig, **values), got {type(draw).__name__}")
         if not isinstance(sliders, dict) or not sliders:
@@ -280,6 +285,10 @@ class InteractiveFigure:
 
         self.figure = Figure(figsize=figsize, dpi=dpi, layout="constrained")
         self._frozen_layout = None  # (axes signature, their positions) once a live redraw has been laid out
+        if not isinstance(keep_axes, bool):
+            raise TypeError(f"keep_axes must be a bool, got {type(keep_axes).__name__}")
+        self.keep_axes = keep_axes
+        self._axes_kept = False  # whether the figure holds the axes of the last frozen-layout redraw
 
     def update(self, **values):
         """Redraw the figure for ``values`` (missing names take their defaults); returns the figure.
@@ -295,8 +304,15 @@ class InteractiveFigure:
         if unknown:
             raise ValueError(f"unknown slider names {sorted(unknown)}; sliders are {list(self.sliders)}")
         fig = self.figure
-        fig.clear()
         frozen = self._frozen_layout if live else None
+        if frozen and self._axes_kept:
+            self.draw(fig, **{**self.defaults, **values})
+            if _axes_signature(fig) != frozen[0]:
+                raise ValueError(f"draw added or removed axes on a keep_axes redraw of {self.caption!r}; with "
+                                 "keep_axes=True it must build the figure only when fig.axes is empty")
+            return fig
+        fig.clear()
+        self._axes_kept = False
         fig.set_layout_engine("none" if frozen else "constrained")
         self.draw(fig, **{**self.defaults, **values})
         if not live:
@@ -304,6 +320,7 @@ class InteractiveFigure:
         if frozen and frozen[0] == _axes_signature(fig):
             for ax, position in zip(_all_axes(fig), frozen[1]):
                 ax.set_position(position)
+            self._axes_kept = self.keep_axes
             return fig
         if frozen:  # different axes this time: lay them out afresh (a colorbar may not change engines)
             fig.clear()
@@ -314,6 +331,7 @@ class InteractiveFigure:
             engine.execute(fig)
         self._frozen_layout = (_axes_signature(fig), [ax.get_position(original=True) for ax in _all_axes(fig)])
         fig.set_layout_engine("none")
+        self._axes_kept = self.keep_axes
         return fig
 
     def live_png(self, **values) -> bytes:
@@ -378,6 +396,7 @@ class InteractiveFigure:
         # one layout for every frame, computed on the default frame: the axes hold still while a slider moves,
         # and the layout solver runs once (as for live redraws) instead of once per frame
         saved, self._frozen_layout = self._frozen_layout, None
+        self._axes_kept = False
         self._redraw(dict(self.defaults), live=True)
         try:
             for point in itertools.product(*grid.values()):
@@ -390,7 +409,7 @@ class InteractiveFigure:
                             "fewer values (max_frames, max_total_frames), a smaller figsize, or fewer colors "
                             f"(or set {FRAMES_DIR_ENV} to write frames as files)")
         finally:
-            self._frozen_layout = saved
+            self._frozen_layout, self._axes_kept = saved, False
         return grid, images
 
     def _static_frame(self, values: dict) -> StaticImage:
@@ -519,10 +538,12 @@ def _unique_labels(values) -> list[str]:
 
 def interactive_figure(draw: Callable, caption: str, *, defaults: dict | None = None, figsize=(6.4, 3.6),
                        dpi: int = 72, max_frames: int = 30, max_total_frames: int = 64,
-                       max_bytes: int = 1_500_000, show: bool = True, **sliders) -> InteractiveFigure:
+                       max_bytes: int = 1_500_000, keep_axes: bool = False, show: bool = True,
+                       **sliders) -> InteractiveFigure:
     """Build an :class:`InteractiveFigure` from ``draw(fig, **values)`` and slider ``name=values``; show it."""
     figure = InteractiveFigure(draw, sliders, caption, defaults=defaults, figsize=figsize, dpi=dpi,
-                               max_frames=max_frames, max_total_frames=max_total_frames, max_bytes=max_bytes)
+                               max_frames=max_frames, max_total_frames=max_total_frames, max_bytes=max_bytes,
+                               keep_axes=keep_axes)
     if show:
         figure.show()
     return figure

@@ -258,6 +258,50 @@ def test_a_figure_laid_out_by_hand_keeps_its_layout():
         assert figure.figure.axes[0].get_position().bounds == pytest.approx((0.2, 0.2, 0.7, 0.7))
 
 
+def lines_draw(fig, scale, in_place=False):
+    """Two panels of lines with a legend and titles; with ``in_place`` it updates the figure it built before."""
+    if not (in_place and fig.axes):
+        left, right = fig.subplots(1, 2)
+        for i in range(3):
+            left.plot(range(5), [0] * 5)
+            right.plot(range(5), [0] * 5, label=f"line {i}")
+        right.legend()
+    left, right = fig.axes
+    for i, (a, b) in enumerate(zip(left.lines, right.lines)):
+        a.set_ydata([scale * i * t for t in range(5)])
+        b.set_ydata([scale * (t - i) ** 2 for t in range(5)])
+    for ax, name in ((left, "linear"), (right, "square")):
+        ax.set_title(f"{name}, scale {scale}")
+        ax.relim()
+        ax.autoscale_view()
+
+
+def test_keep_axes_updates_in_place_and_draws_what_a_fresh_figure_draws():
+    sliders = {"scale": [1, 2, 5, 10]}
+    kept = interactive.InteractiveFigure(lambda fig, scale: lines_draw(fig, scale, in_place=True), sliders, "c",
+                                         figsize=(4, 2), keep_axes=True)
+    fresh = interactive.InteractiveFigure(lines_draw, sliders, "c", figsize=(4, 2))
+    kept.live_png(scale=2)
+    fresh.live_png(scale=2)
+    axes = list(kept.figure.axes)
+    for scale in (10, 1, 5, 2):
+        assert kept.live_png(scale=scale) == fresh.live_png(scale=scale), scale
+        assert kept.figure.axes == axes  # the same Axes objects: nothing was rebuilt
+    grid, images = kept.frames()
+    assert [i.src for i in images] == [i.src for i in fresh.frames()[1]]
+    kept.update(scale=5)  # a fresh static draw clears the figure; the next live redraw builds it again
+    assert kept.live_png(scale=1) == fresh.live_png(scale=1)
+
+
+def test_keep_axes_refuses_a_draw_that_adds_axes():
+    figure = interactive.InteractiveFigure(draw, {"scale": [1, 2]}, "c", figsize=(3, 2), keep_axes=True)
+    figure.live_png(scale=1)
+    with pytest.raises(ValueError, match="keep_axes"):
+        figure.live_png(scale=2)
+    with pytest.raises(TypeError, match="keep_axes"):
+        interactive.InteractiveFigure(draw, {"scale": [1, 2]}, "c", keep_axes="yes")
+
+
 def test_redraw_log_records_every_shown_figure(monkeypatch, tmp_path):
     log = tmp_path / "redraws.jsonl"
     monkeypatch.setenv("POSENC_REDRAW_LOG", str(log))
