@@ -44,6 +44,16 @@ def posenc_in_place(head_dim, seq_len, dtype, device, compiled=False):
     return lambda q, k: (apply_rope_(q, cos, sin, compiled=compiled), apply_rope_(k, cos, sin, compiled=compiled))
 
 
+def posenc_into(head_dim, seq_len, dtype, device):
+    """posenc's default kernel writing into given buffers (private API: it shows the cost of a fresh output)."""
+    from posenc import rope
+
+    cos, sin = (rope._align_table(t, torch.empty(1, 1, seq_len, head_dim)) for t in posenc_tables(head_dim, seq_len,
+                                                                                                     device))
+    return lambda q, k, out_q, out_k: (rope._ENGINE.rotate_into(out_q, q, cos, sin, "half"),
+                                       rope._ENGINE.rotate_into(out_k, k, cos, sin, "half"))
+
+
 def transformers_rotation(head_dim, seq_len, dtype, device):
     """``apply_rotary_pos_emb`` with cos and sin precomputed (untimed) by ``LlamaRotaryEmbedding``."""
     from transformers import LlamaConfig

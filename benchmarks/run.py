@@ -5,7 +5,9 @@ measured side by side in one run (their repetitions interleaved, see timing.py),
 machine even when the absolute times do not.
 
 Sections: RoPE forward on CPU (fp32 and bf16, two shapes, q and k both; throughput relative to posenc and as
-a fraction of the bandwidth of a plain out-of-place copy of q and k); backward and in place (CPU, fp32);
+a fraction of the bandwidth of a plain out-of-place copy of q and k); backward and in place (CPU, fp32); in fp32
+also a copy and posenc's kernel writing into buffers that already exist (the difference to the plain copy is the
+cost of a fresh output's memory pages, which every out-of-place operation pays);
 a summary in the form of the README's table; bf16 precision against float64 at positions 0..100 000; the book
 (chapter execution times; a clean ``make book`` with ``--book``); the live redraw time of every interactive
 figure of the book (each chapter executed with ``POSENC_REDRAW_LOG``); the same forward harness on CUDA when a
@@ -77,6 +79,11 @@ def forward_contenders(shape, dtype, device, in_place: bool, available: dict) ->
         calls["posenc in-place"] = lambda r=peers.posenc_in_place(head_dim, seq_len, dtype, device): r(*buffers)
         calls["posenc in-place compiled"] = (
             lambda r=peers.posenc_in_place(head_dim, seq_len, dtype, device, True): r(*buffers))
+        # what a fresh output costs: the same two results written into buffers whose pages already exist
+        targets = torch.empty_like(q).zero_(), torch.empty_like(k).zero_()
+        calls["copy into reused buffers"] = lambda: (targets[0].copy_(q), targets[1].copy_(k))
+        calls["posenc into reused buffers"] = (
+            lambda r=peers.posenc_into(head_dim, seq_len, dtype, device): r(q, k, *targets))
     checks = {}
     for name, builder in available.items():
         rotate = builder(head_dim, seq_len, dtype, device)

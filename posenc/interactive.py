@@ -102,6 +102,12 @@ def _all_axes(fig) -> list:
     return axes
 
 
+def _census(fig) -> tuple:
+    """The figure's axes (the objects themselves, compared by identity) and how many artists it and each axes hold."""
+    axes = _all_axes(fig)
+    return tuple(axes), len(fig.get_children()), tuple(len(ax.get_children()) for ax in axes)
+
+
 def _axes_signature(fig) -> tuple:
     return tuple((type(ax).__name__, ax.get_label()) for ax in _all_axes(fig))
 
@@ -248,10 +254,12 @@ class InteractiveFigure:
 
     ``sliders``: name -> sequence of values; ``defaults``: name -> starting value (default: the middle one).
 
-    ``keep_axes=True``: after the first redraw with a frozen layout, later redraws with that layout (live ones and
-    static frames) do not clear the figure: ``draw`` is called on the figure as it left it and updates its artists
-    in place (``set_data``, titles, ``relim``), which skips re-creating axes and ticks (most of a redraw's cost).
-    Such a ``draw`` builds the figure when ``fig.axes`` is empty and must not add axes otherwise.
+    ``keep_axes=True``: from the second live redraw on (and the second static frame on), redraws with the frozen
+    layout do not clear the figure: ``draw`` is called on the figure as it left it and updates its artists in place
+    (``set_data``, titles, ``relim``), which skips re-creating axes and ticks (most of a redraw's cost).
+    :meth:`update` always draws afresh. Such a ``draw`` builds the figure when ``fig.axes`` is empty; otherwise it
+    creates nothing and resets every property that depends on a slider. A redraw that replaces an axes or changes
+    how many artists the figure or an axes holds raises a ``ValueError`` (and the next redraw starts afresh).
     """
 
     def __init__(self, draw: Callable, sliders: dict, caption: str, *, defaults: dict | None = None,
@@ -306,10 +314,14 @@ class InteractiveFigure:
         fig = self.figure
         frozen = self._frozen_layout if live else None
         if frozen and self._axes_kept:
+            before = _census(fig)
             self.draw(fig, **{**self.defaults, **values})
-            if _axes_signature(fig) != frozen[0]:
-                raise ValueError(f"draw added or removed axes on a keep_axes redraw of {self.caption!r}; with "
-                                 "keep_axes=True it must build the figure only when fig.axes is empty")
+            if _census(fig) != before:
+                fig.clear()
+                self._axes_kept = False
+                raise ValueError(f"draw changed the axes or the number of artists on a keep_axes redraw of "
+                                 f"{self.caption!r}; with keep_axes=True it must build the figure only when fig.axes "
+                                 "is empty and afterwards update what it built (or pass keep_axes=False)")
             return fig
         fig.clear()
         self._axes_kept = False

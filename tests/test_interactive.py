@@ -289,15 +289,35 @@ def test_keep_axes_updates_in_place_and_draws_what_a_fresh_figure_draws():
         assert kept.figure.axes == axes  # the same Axes objects: nothing was rebuilt
     grid, images = kept.frames()
     assert [i.src for i in images] == [i.src for i in fresh.frames()[1]]
-    kept.update(scale=5)  # a fresh static draw clears the figure; the next live redraw builds it again
+    # frames() lays out its own default frame (scale 5): the live figure after it is built again on its own layout
     assert kept.live_png(scale=1) == fresh.live_png(scale=1)
+    kept.update(scale=10)  # a fresh static draw clears the figure; the next live redraw builds it again
+    fresh.update(scale=10)
+    assert kept.live_png(scale=2) == fresh.live_png(scale=2)
+    assert kept.live_png(scale=10) == fresh.live_png(scale=10)
 
 
-def test_keep_axes_refuses_a_draw_that_adds_axes():
+def test_keep_axes_refuses_a_draw_that_adds_axes_or_artists():
     figure = interactive.InteractiveFigure(draw, {"scale": [1, 2]}, "c", figsize=(3, 2), keep_axes=True)
     figure.live_png(scale=1)
     with pytest.raises(ValueError, match="keep_axes"):
         figure.live_png(scale=2)
+    assert figure.live_png(scale=2).startswith(b"\x89PNG")  # the next redraw starts afresh
+
+    def piling(fig, scale):
+        if not fig.axes:
+            fig.subplots().plot([0, scale])
+        fig.axes[0].text(0, 0, f"scale {scale}")  # a new text on every call: it would pile up
+
+    def rebuilding(fig, scale):
+        fig.clear()
+        fig.subplots().plot([0, scale])
+
+    for bad in (piling, rebuilding):
+        figure = interactive.InteractiveFigure(bad, {"scale": [1, 2]}, "c", figsize=(3, 2), keep_axes=True)
+        figure.live_png(scale=1)
+        with pytest.raises(ValueError, match="number of artists"):
+            figure.live_png(scale=2)
     with pytest.raises(TypeError, match="keep_axes"):
         interactive.InteractiveFigure(draw, {"scale": [1, 2]}, "c", keep_axes="yes")
 
