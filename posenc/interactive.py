@@ -31,7 +31,8 @@ one figure may not exceed ``max_bytes`` (a ``ValueError`` says so and what to sh
 
 Live redraws are kept fast (what a dragged slider waits for): the figure is laid out once by matplotlib's
 constrained layout and that layout is then reused for every redraw with the same axes, and live frames are PNGs
-with light zlib compression. The static frames of a figure (the web book) share the layout computed for its
+with light zlib compression; a figure made with ``keep_axes=True`` is built once and then only updated in
+place (see :class:`InteractiveFigure`). The static frames of a figure (the web book) share the layout computed for its
 default frame the same way (its axes hold still while a slider moves), are drawn at 2x and quantised to a few
 colours (no PNG optimisation pass: it would cost more than the drawing at this size). Setting ``POSENC_REDRAW_LOG=<file>`` makes every displayed figure time its live redraws and append one
 JSON line per figure to that file (``benchmarks/run.py`` does this for every figure of the book).
