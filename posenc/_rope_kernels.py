@@ -54,9 +54,10 @@ def _blocks(shape, target: int, run: int | None = None):
     """Index tuples (slices over the leading axes and the sequence axis) that cut a tensor of ``shape``
     ``(..., H, L, D)`` into blocks of at most ``max(target, D)`` elements.
 
-    A long sequence is cut into runs of about ``run`` (default :data:`RUN_ELEMENTS`) elements per head, and a block takes the same run of as
-    many heads as fit: tables that broadcast over heads then contribute one run to a block, not one per head.
-    Short sequences are taken whole, several heads (and batch entries) per block, in memory order."""
+    A long sequence is cut into runs of about ``run`` (default :data:`RUN_ELEMENTS`) elements per head, and a
+    block takes the same run of as many heads as fit: tables that broadcast over heads then contribute one run to
+    a block, not one per head. Short sequences are taken whole, several heads (and batch entries) per block, in
+    memory order."""
     rows = max(1, min(shape[-2], (run or RUN_ELEMENTS) // shape[-1], target // shape[-1]))
     if rows == shape[-2] or len(shape) < 3:
         return _whole_blocks(shape, target)
@@ -88,14 +89,6 @@ def _take(table, index):
     return table[tuple(s if table.shape[d] != 1 else slice(None) for d, s in enumerate(index))]
 
 
-def full_tables(cos, sin, layout: str):
-    """Half-size tables ``(..., R/2)`` widened to one entry per rotated feature, ``(..., R)``: ``(cos, cos)`` for
-    ``"half"``, each entry twice for ``"interleaved"``."""
-    if layout == "half":
-        return torch.cat((cos, cos), dim=-1), torch.cat((sin, sin), dim=-1)
-    return cos.repeat_interleave(2, dim=-1), sin.repeat_interleave(2, dim=-1)
-
-
 class RotationEngine:
     """Fast paths for ``formula(x, cos, sin, layout)`` (tables already aligned to ``x``); ``pairs(t, half,
     layout)`` returns the two members of every rotated pair as views of ``t``."""
@@ -121,11 +114,15 @@ class RotationEngine:
             return _Rotation.apply(x, cos, sin, layout, self)
         return self.rotate_into(torch.empty_like(x), x, cos, sin, layout)
 
+    def kernel_fits_in_place(self, x, cos, sin) -> bool:
+        """:meth:`kernel_fits`, and autograd has nothing to record for ``x`` (the kernel writes it directly)."""
+        return self.kernel_fits(x, cos, sin) and not (torch.is_grad_enabled() and x.requires_grad)
+
     def compiled_in_place(self, x, cos, sin, layout):
         """``compiled=True`` in place: inputs large enough for the blocked kernel take it (it reads and writes each
         block once, in cache, and measured faster than inductor's in-place kernel in ``make bench``), smaller ones
         the fused kernel."""
-        if self.kernel_fits(x, cos, sin) and not (torch.is_grad_enabled() and x.requires_grad):
+        if self.kernel_fits_in_place(x, cos, sin):
             return self.rotate_into(x, x, cos, sin, layout)
         return self._compiled_in_place(x, cos, sin, layout)
 
@@ -133,7 +130,7 @@ class RotationEngine:
         return x.copy_(self.formula(x, cos, sin, layout))
 
     def rotate_in_place(self, x, cos, sin, layout):
-        if self.kernel_fits(x, cos, sin) and not (torch.is_grad_enabled() and x.requires_grad):
+        if self.kernel_fits_in_place(x, cos, sin):
             return self.rotate_into(x, x, cos, sin, layout)
         return self.formula_in_place(x, cos, sin, layout)
 
@@ -146,9 +143,7 @@ class RotationEngine:
         """
         half = cos.shape[-1]
         rotary = 2 * half
-        cos_full, sin_full = full_tables(cos, sin, layout)
-        cos_full = cos_full.reshape((1,) * (x.ndim - cos_full.ndim) + cos_full.shape)
-        sin_full = sin_full.reshape(cos_full.shape)
+        cos_full, sin_full = (self.full_table(t, layout, x.ndim) for t in (cos, sin))
         work_dtype = torch.promote_types(torch.promote_types(
             x.dtype if x.dtype in (torch.float32, torch.float64) else torch.float32, cos.dtype), sin.dtype)
         widen = work_dtype != x.dtype  # bf16, fp16 (or tables wider than x): wider arithmetic, rounded once
@@ -159,23 +154,28 @@ class RotationEngine:
         scratch = [torch.empty(size, dtype=work_dtype, device=x.device) for _ in range(2 if widen else 1)]
         with torch.no_grad():
             for index in _blocks(tuple(x.shape), target):
-                self._rotate_blocks(out is x, x[index], out[index], _take(cos_full, index), _take(sin_full, index),
-                                    rotary, half, layout, scratch, widen)
+                xb, ob = x[index], out[index]
+                if out is not x and x.shape[-1] > rotary:  # the features that do not rotate pass through
+                    ob[..., rotary:].copy_(xb[..., rotary:])
+                xb, ob = xb[..., :rotary], ob[..., :rotary]
+                cb, sb = _take(cos_full, index), _take(sin_full, index)
+                t = scratch[0][:xb.numel()].view(xb.shape)
+                if widen:
+                    w = scratch[1][:xb.numel()].view(xb.shape)
+                    w.copy_(xb)
+                    self._rotate_block(w, w, cb, sb, t, half, layout)
+                    ob.copy_(w)
+                else:
+                    self._rotate_block(ob, xb, cb, sb, t, half, layout)
         return out
 
-    def _rotate_blocks(self, in_place, xb, ob, cb, sb, rotary, half, layout, scratch, widen):
-        """One block: ``xb`` rotated into ``ob`` (the same view in place) with its rows of the full tables."""
-        if not in_place and xb.shape[-1] > rotary:  # the features that do not rotate pass through
-            ob[..., rotary:].copy_(xb[..., rotary:])
-        xb, ob = xb[..., :rotary], ob[..., :rotary]
-        t = scratch[0][:xb.numel()].view(xb.shape)
-        if widen:
-            w = scratch[1][:xb.numel()].view(xb.shape)
-            w.copy_(xb)
-            self._rotate_block(w, w, cb, sb, t, half, layout)
-            ob.copy_(w)
-        else:
-            self._rotate_block(ob, xb, cb, sb, t, half, layout)
+    def full_table(self, table, layout, ndim: int):
+        """A half-size table ``(..., R/2)`` widened to one entry per rotated feature (both members of a pair get
+        their pair's entry), with ``ndim`` axes: ``(1, ..., L, R)``, so that x's block indices index it too."""
+        full = table.new_empty((1,) * (ndim - table.ndim) + table.shape[:-1] + (2 * table.shape[-1],))
+        for member in self.pairs(full, table.shape[-1], layout):
+            member.copy_(table)
+        return full
 
     def _rotate_block(self, out, x, cos_full, sin_full, t, half, layout):
         """``out1 = x1 cos - x2 sin``, ``out2 = x2 cos + x1 sin`` in four passes (``out`` may be ``x``)."""
