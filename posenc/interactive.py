@@ -32,9 +32,10 @@ one figure may not exceed ``max_bytes`` (a ``ValueError`` says so and what to sh
 Live redraws are kept fast (what a dragged slider waits for): the figure is laid out once by matplotlib's
 constrained layout and that layout is then reused for every redraw with the same axes, and live frames are PNGs
 with light zlib compression; a figure made with ``keep_axes=True`` is built once and then only updated in
-place (see :class:`InteractiveFigure`). The static frames of a figure (the web book) share the layout computed for its
-default frame the same way (its axes hold still while a slider moves), are drawn at 2x and quantised to a few
-colours (no PNG optimisation pass: it would cost more than the drawing at this size). Setting ``POSENC_REDRAW_LOG=<file>`` makes every displayed figure time its live redraws and append one
+place (see :class:`InteractiveFigure`). The static frames of a figure (the web book) share the layout computed
+for its default frame the same way (its axes hold still while a slider moves), are drawn at 2x and quantised to
+a few colours (no PNG optimisation pass: it would cost more than the drawing at this size). Setting
+``POSENC_REDRAW_LOG=<file>`` makes every displayed figure time its live redraws and append one
 JSON line per figure to that file (``benchmarks/run.py`` does this for every figure of the book).
 """
 from __future__ import annotations
@@ -104,7 +105,8 @@ def _all_axes(fig) -> list:
 
 
 def _census(fig) -> tuple:
-    """The figure's axes (the objects themselves, compared by identity) and how many artists it and each axes hold."""
+    """The figure's axes (the objects themselves, compared by identity) and how many artists it and each axes
+    hold."""
     axes = _all_axes(fig)
     return tuple(axes), len(fig.get_children()), tuple(len(ax.get_children()) for ax in axes)
 
@@ -313,10 +315,11 @@ class InteractiveFigure:
         if unknown:
             raise ValueError(f"unknown slider names {sorted(unknown)}; sliders are {list(self.sliders)}")
         fig = self.figure
+        chosen = {**self.defaults, **values}
         frozen = self._frozen_layout if live else None
         if frozen and self._axes_kept:
             before = _census(fig)
-            self.draw(fig, **{**self.defaults, **values})
+            self.draw(fig, **chosen)
             if _census(fig) != before:
                 fig.clear()
                 self._axes_kept = False
@@ -327,7 +330,7 @@ class InteractiveFigure:
         fig.clear()
         self._axes_kept = False
         fig.set_layout_engine("none" if frozen else "constrained")
-        self.draw(fig, **{**self.defaults, **values})
+        self.draw(fig, **chosen)
         if not live:
             return fig
         if frozen and frozen[0] == _axes_signature(fig):
@@ -338,7 +341,7 @@ class InteractiveFigure:
         if frozen:  # different axes this time: lay them out afresh (a colorbar may not change engines)
             fig.clear()
             fig.set_layout_engine("constrained")
-            self.draw(fig, **{**self.defaults, **values})
+            self.draw(fig, **chosen)
         engine = fig.get_layout_engine()
         if engine is not None:  # a draw function may lay out by hand (set_layout_engine(None), subplots_adjust)
             engine.execute(fig)
@@ -409,7 +412,6 @@ class InteractiveFigure:
         # one layout for every frame, computed on the default frame: the axes hold still while a slider moves,
         # and the layout solver runs once (as for live redraws) instead of once per frame
         saved, self._frozen_layout = self._frozen_layout, None
-        self._axes_kept = False
         self._redraw(dict(self.defaults), live=True)
         try:
             for point in itertools.product(*grid.values()):
