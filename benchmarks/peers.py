@@ -48,8 +48,7 @@ def posenc_into(head_dim, seq_len, dtype, device):
     """posenc's default kernel writing into given buffers (private API: it shows the cost of a fresh output)."""
     from posenc import rope
 
-    cos, sin = (rope._align_table(t, torch.empty(1, 1, seq_len, head_dim)) for t in posenc_tables(head_dim, seq_len,
-                                                                                                     device))
+    cos, sin = posenc_tables(head_dim, seq_len, device)  # (L, D/2): already aligned to any (..., L, D)
     return lambda q, k, out_q, out_k: (rope._ENGINE.rotate_into(out_q, q, cos, sin, "half"),
                                        rope._ENGINE.rotate_into(out_k, k, cos, sin, "half"))
 
