@@ -7,6 +7,7 @@ frequency laws.
   :func:`retnet_decays`); decays: :func:`decay_generator`;
 * Jordan blocks: :func:`jordan_generator` (with :func:`copy_frequencies`), ALiBi's :func:`alibi_generator` and
   :func:`alibi_vectors`;
+* any relative bias on a finite window of offsets, as rotations: :func:`window_bias_generator`;
 * commuting skew generators: :func:`common_torus`, the one basis that block-diagonalises them all.
 
 Every constructor builds in float64 and returns ``dtype`` (default float32). Feature pairs follow
@@ -220,6 +221,37 @@ def alibi_vectors(slopes: torch.Tensor):
     return q_bar, k_bar
 
 
+def window_bias_generator(bias: torch.Tensor):
+    """Any relative bias on a finite window as a group logit: ``(X (2L+2, 2L+2), q_bar (2L+2,), k_bar (2L+2,))``.
+
+    ``bias`` is ``(2L + 1,)``, its values at the offsets ``-L .. L``. Read as one period of a sequence of period
+    ``2L + 1``, it is a discrete Fourier series over the frequencies ``w_k = 2 pi k / (2L + 1)``, ``k = 0 .. L``; plane
+    ``k`` of ``X`` turns at ``w_k``, ``k_bar`` is ``(1, 0)`` in every plane and ``q_bar`` holds the cosine and sine
+    coefficients, so that ``q_bar^T exp(Delta X^T) k_bar = bias[Delta + L]`` for every integer ``|Delta| <= L``
+    (``X`` skew-symmetric: an orthogonal, RoPE-like encoding with L + 1 planes). Float64.
+    """
+    require_tensor("bias", bias)
+    if bias.ndim != 1 or bias.numel() % 2 != 1:
+        raise ValueError(f"bias must have shape (2L + 1,), its values at offsets -L..L, got shape {tuple(bias.shape)}")
+    values = bias.to(torch.float64)
+    period = values.numel()
+    half = period // 2
+    offsets = torch.arange(-half, half + 1, dtype=torch.float64, device=bias.device)
+    frequencies = 2 * torch.pi * torch.arange(half + 1, dtype=torch.float64, device=bias.device) / period
+    angles = frequencies[:, None] * offsets[None, :]                               # (L + 1, 2L + 1)
+    weight = torch.full((half + 1,), 2.0 / period, dtype=torch.float64, device=bias.device)
+    weight[0] = 1.0 / period                                                       # the constant term is not doubled
+    cos_coef = weight * (torch.cos(angles) @ values)
+    sin_coef = weight * (torch.sin(angles) @ values)
+    # q^T R(w Delta)^T k with k = (1, 0) and q = (a, b) is a cos(w Delta) - b sin(w Delta)
+    q_bar = torch.stack((cos_coef, -sin_coef), dim=-1).reshape(-1)
+    k_bar = torch.zeros_like(q_bar)
+    k_bar[0::2] = 1.0
+    pair = torch.tensor([[0.0, -1.0], [1.0, 0.0]], dtype=torch.float64, device=bias.device)
+    generator = torch.block_diag(*(w * pair for w in frequencies))
+    return generator, q_bar, k_bar
+
+
 # commuting skew generators: one maximal torus ---------------------------------------------------------------------
 #: Relative tolerance of :func:`common_torus`: a generator counts as skew-symmetric when ``||X + X^T|| <= tol ||X||``
 #: and the common basis is accepted when every ``Q^T X_i Q`` is block diagonal to ``tol ||X_i||``. The planes come from
@@ -292,4 +324,4 @@ def common_torus(generators: torch.Tensor, tol: float = TORUS_TOL, seed: int = 0
 
 __all__ = ["plane_generator", "rope_generator", "rope_generators", "xpos_scales", "xpos_generator", "retnet_decays",
            "damped_rope_generator", "decay_generator", "copy_frequencies", "jordan_generator", "alibi_generator",
-           "alibi_vectors", "TORUS_TOL", "common_torus"]
+           "alibi_vectors", "window_bias_generator", "TORUS_TOL", "common_torus"]

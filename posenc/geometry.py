@@ -14,7 +14,10 @@ whose exact Algorithm 1 and stress formula were not available:
 5. the best distances that depend only on ``|i - j|`` (:func:`toeplitz_projection`): a floor for the stress of
    every shift-invariant encoding;
 6. the rank of ``B`` (:func:`effective_rank`, :func:`entropy_effective_rank`) and the ``r (n + d)``-parameter
-   factorisation of an ``(n, d)`` encoding (:func:`low_rank_factors`).
+   factorisation of an ``(n, d)`` encoding (:func:`low_rank_factors`);
+7. the controls a score needs: the no-order null (:func:`shuffle_within`), halves that share no text
+   (:func:`split_groups`), and the RoPE family at its best member (:func:`rope_family_distances`,
+   :func:`fit_rope_amplitudes`).
 
 Everything is computed in float64 on the device of the input, with no Python loop over positions or pairs.
 """
@@ -507,8 +510,107 @@ def low_rank_factors(encoding: torch.Tensor, rank: int) -> tuple[torch.Tensor, t
     return left[:, :rank] * singular[:rank], right[:rank]
 
 
+# controls ---------------------------------------------------------------------------------------------------------
+def shuffle_within(sequences: torch.Tensor, lengths: torch.Tensor, seed: int = 0) -> torch.Tensor:
+    """The no-order null: every sequence of ``sequences`` ``(S, L)`` with its first ``lengths[s]`` tokens shuffled,
+    padding left at the end. Same tokens, same sample sizes per position; a position's distribution then depends on
+    the position only through which sequences are long enough to reach it. Returns ``(S, L)``."""
+    sequences = _integer_tensor("sequences", sequences)
+    lengths = _integer_tensor("lengths", lengths)
+    if sequences.ndim != 2 or lengths.shape != sequences.shape[:1]:
+        raise ValueError(f"sequences must be (S, L) and lengths (S,), got {tuple(sequences.shape)} and "
+                         f"{tuple(lengths.shape)}")
+    require_int("seed", seed)
+    keys = torch.rand(sequences.shape, generator=torch.Generator().manual_seed(seed)).to(sequences.device)
+    keys[torch.arange(sequences.shape[1], device=sequences.device) >= lengths[:, None]] = 2.0
+    return sequences.gather(1, keys.argsort(dim=1))
+
+
+def split_groups(groups: torch.Tensor, seed: int = 0) -> tuple[torch.Tensor, torch.Tensor]:
+    """Two halves of the items ``0 .. S-1`` that never split a group: ``groups`` ``(S,)`` gives each item's group
+    (a document, a topic). Groups are shuffled by ``seed``, then each goes to the half with fewer items so far, so
+    the halves are about equal. Returns the two index tensors. Items of one group (overlapping windows of one text)
+    share tokens; halves that share no group have independent sampling noise."""
+    groups = _integer_tensor("groups", groups)
+    if groups.ndim != 1:
+        raise ValueError(f"groups must have shape (S,), got {tuple(groups.shape)}")
+    require_int("seed", seed)
+    names, sizes = groups.unique(return_counts=True)
+    order = torch.randperm(len(names), generator=torch.Generator().manual_seed(seed))
+    first, counts = [], [0, 0]
+    for index in order.tolist():
+        half = 0 if counts[0] <= counts[1] else 1
+        counts[half] += int(sizes[index])
+        if half == 0:
+            first.append(int(names[index]))
+    in_first = torch.isin(groups, torch.tensor(first, dtype=groups.dtype, device=groups.device))
+    return torch.nonzero(in_first).flatten(), torch.nonzero(~in_first).flatten()
+
+
+def _pair_chords(n: int, inv_freq: torch.Tensor) -> torch.Tensor:
+    """``(n, n, P)``: ``2 - 2 cos((i - j) theta_p)``, the squared chord of pair ``p`` between positions ``i`` and ``j``,
+    computed as ``4 sin^2((i - j) theta_p / 2)``, which does not cancel at small angles."""
+    offsets = torch.arange(n, dtype=FLOAT, device=inv_freq.device)
+    return 4 * torch.sin((offsets[:, None] - offsets[None, :])[..., None] * inv_freq.to(FLOAT) / 2).square()
+
+
+def rope_family_distances(n: int, inv_freq: torch.Tensor, weights: torch.Tensor) -> torch.Tensor:
+    """Distances between ``phi(i) = R(i) u`` for positions ``0 .. n-1``, where ``u`` has squared amplitude
+    ``weights[p]`` in rotation pair ``p`` (frequencies ``inv_freq`` ``(P,)``): ``(n, n)`` float64,
+    ``||phi(i) - phi(j)||^2 = sum_p weights[p] (2 - 2 cos((i - j) theta_p))``. Equal weights give RoPE's vectors with
+    every pair ``(1, 0)``; all weight on the slowest pair gives a chord that is linear in ``|i - j|`` while
+    ``n theta_min`` is small (ALiBi's line)."""
+    require_int("n", n, minimum=1)
+    require_tensor("inv_freq", inv_freq)
+    require_tensor("weights", weights)
+    if inv_freq.ndim != 1 or weights.shape != inv_freq.shape:
+        raise ValueError(f"inv_freq and weights must both have shape (P,), got {tuple(inv_freq.shape)} and "
+                         f"{tuple(weights.shape)}")
+    if bool((weights < 0).any()):
+        raise ValueError("weights must be >= 0 (they are squared amplitudes)")
+    return (_pair_chords(n, inv_freq) @ weights.to(FLOAT)).clamp_min(0).sqrt()
+
+
+ROPE_FIT_CRITERIA = ("pearson", "ratio")
+
+
+def fit_rope_amplitudes(distances: torch.Tensor, inv_freq: torch.Tensor, criterion: str = "pearson",
+                        max_iter: int = 200) -> torch.Tensor:
+    """The member of the RoPE family (:func:`rope_family_distances`) that fits ``distances`` ``(n, n)`` best: the
+    squared amplitudes ``(P,)`` (float64, summing to 1) that maximise the Pearson correlation
+    (``criterion="pearson"``, so also minimise affine stress) or minimise ratio stress (``"ratio"``). In a model,
+    ``W_q`` and ``W_k`` choose these amplitudes. L-BFGS from equal weights, softplus-parametrised; a local optimum,
+    deterministic for a given input."""
+    target = _distance_matrix("distances", distances)
+    require_tensor("inv_freq", inv_freq)
+    if criterion not in ROPE_FIT_CRITERIA:
+        raise ValueError(f"criterion must be one of {ROPE_FIT_CRITERIA}, got {criterion!r}")
+    require_int("max_iter", max_iter, minimum=1)
+    rows, cols = torch.triu_indices(len(target), len(target), 1, device=target.device)
+    chords = _pair_chords(len(target), inv_freq)[rows, cols]                                  # (pairs, P)
+    wanted = target[rows, cols]
+    raw = torch.zeros(inv_freq.shape[0], dtype=FLOAT, device=target.device, requires_grad=True)
+    optimiser = torch.optim.LBFGS([raw], max_iter=max_iter, line_search_fn="strong_wolfe")
+
+    def loss():
+        optimiser.zero_grad()
+        delta = (chords @ torch.nn.functional.softplus(raw) + 1e-300).sqrt()
+        if criterion == "pearson":
+            centred, target_centred = delta - delta.mean(), wanted - wanted.mean()
+            value = -(centred @ target_centred) / (centred.norm() * target_centred.norm())
+        else:   # ratio stress^2 = 1 - cosine^2 at the fitted scale
+            value = -((delta @ wanted) / (delta.norm() * wanted.norm())).square()
+        value.backward()
+        return value
+
+    optimiser.step(loss)
+    weights = torch.nn.functional.softplus(raw.detach())
+    return weights / weights.sum()
+
+
 __all__ = ["position_token_counts", "positional_distributions", "hellinger_distances", "double_centered_gram",
            "MDSResult", "classical_mds", "effective_rank", "entropy_effective_rank", "pairwise_distances",
            "kernel_distances", "stress_of_distances", "stress", "distance_correlation", "affine_stress",
            "isotonic_regression", "nonmetric_stress", "PositionPredictor", "fit_position_predictor",
-           "toeplitz_projection", "low_rank_factors"]
+           "toeplitz_projection", "low_rank_factors", "shuffle_within", "split_groups", "rope_family_distances",
+           "ROPE_FIT_CRITERIA", "fit_rope_amplitudes"]

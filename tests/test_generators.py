@@ -143,3 +143,20 @@ def test_bad_constructor_arguments():
         generators.decay_generator(3, torch.ones(4))
     with pytest.raises(ValueError, match="tol must lie in"):
         jordan.classify_generator(generators.rope_generator(4), tol=2.0)
+
+
+@pytest.mark.parametrize("window", [1, 4, 16])
+def test_window_bias_generator_reproduces_any_relative_bias_on_its_window(window):
+    offsets = torch.arange(-window, window + 1, dtype=torch.float64)
+    bias = torch.randn(2 * window + 1, dtype=torch.float64, generator=torch.Generator().manual_seed(window))
+    for target in (bias, -0.5 * offsets.abs()):                 # an arbitrary bias, symmetric ALiBi
+        X, q_bar, k_bar = generators.window_bias_generator(target)
+        assert X.shape == (2 * window + 2, 2 * window + 2)
+        assert torch.equal(X, -X.T)                              # rotations only
+        logit = torch.stack([q_bar @ group_encodings.relative_kernel(X, d) @ k_bar for d in offsets])
+        # sums of 2L + 2 terms of size |bias|, angles up to 2 pi L: float64 round-off ~ L * 1e-15
+        assert torch.allclose(logit, target, rtol=0, atol=1e-12 * (1 + target.abs().max()))
+    with pytest.raises(ValueError, match="bias"):
+        generators.window_bias_generator(torch.zeros(4))
+    with pytest.raises(TypeError, match="bias"):
+        generators.window_bias_generator([0.0, 1.0, 2.0])

@@ -7,6 +7,7 @@ import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+import posenc
 from posenc import geometry
 
 SEEDS = st.integers(0, 2**31 - 1)
@@ -466,3 +467,59 @@ def test_position_predictor_at_the_minimal_width_merges_equal_rows():
 def test_bad_input_of_the_criteria_names_the_argument(call, error, name):
     with pytest.raises(error, match=name):
         call()
+
+
+def test_shuffle_within_keeps_each_sequence_multiset_and_its_padding():
+    sequences = torch.tensor([[5, 6, 7, 0, 0], [1, 2, 3, 4, 9]])
+    lengths = torch.tensor([3, 5])
+    shuffled = geometry.shuffle_within(sequences, lengths, seed=3)
+    assert torch.equal(shuffled[0, 3:], sequences[0, 3:])                     # padding stays at the end
+    for row, length in enumerate(lengths.tolist()):
+        assert sorted(shuffled[row, :length].tolist()) == sorted(sequences[row, :length].tolist())
+    assert torch.equal(geometry.shuffle_within(sequences, lengths, seed=3), shuffled)   # seeded
+    many = geometry.shuffle_within(torch.arange(64).repeat(50, 1), torch.full((50,), 64), seed=0)
+    assert not torch.equal(many, torch.arange(64).repeat(50, 1))
+    with pytest.raises(ValueError, match="lengths"):
+        geometry.shuffle_within(sequences, torch.tensor([3]))
+
+
+def test_split_groups_never_splits_a_group_and_balances_the_halves():
+    groups = torch.tensor([0] * 10 + [1] * 3 + [2] * 7 + [3] * 4 + [4] * 6)
+    first, second = geometry.split_groups(groups, seed=1)
+    assert sorted(torch.cat([first, second]).tolist()) == list(range(len(groups)))
+    assert set(groups[first].tolist()).isdisjoint(groups[second].tolist())
+    assert abs(len(first) - len(second)) <= 10                                 # at most the largest group apart
+    with pytest.raises(ValueError, match="groups"):
+        geometry.split_groups(groups[None])
+
+
+def test_rope_family_distances_are_ropes_vectors_and_the_slowest_pair_is_a_line():
+    inv_freq, _ = posenc.rope_frequencies(16)
+    n = 40
+    u = torch.cat([torch.ones(8), torch.zeros(8)]).double()
+    vectors = posenc.rotate(u.expand(n, 16), torch.arange(n))                 # float32 angles, as the book's table
+    equal = geometry.rope_family_distances(n, inv_freq, torch.ones(8, dtype=torch.float64))
+    assert torch.allclose(equal, geometry.pairwise_distances(vectors), atol=1e-4)
+    slowest = geometry.rope_family_distances(n, inv_freq, torch.nn.functional.one_hot(torch.tensor(7), 8).double())
+    line = geometry.pairwise_distances(torch.arange(n, dtype=torch.float64)[:, None]) * inv_freq[7].double()
+    # chord 2 sin(x / 2) against x: relative gap x^2 / 24 with x <= 39 theta_7 ~ 0.05
+    assert torch.allclose(slowest, line, rtol=1e-3, atol=0)
+    with pytest.raises(ValueError, match="weights"):
+        geometry.rope_family_distances(n, inv_freq, -torch.ones(8))
+
+
+@pytest.mark.parametrize("criterion", geometry.ROPE_FIT_CRITERIA)
+def test_fit_rope_amplitudes_recovers_a_member_of_the_family(criterion):
+    inv_freq, _ = posenc.rope_frequencies(16)
+    true = torch.tensor([0.0, 0.0, 3.0, 0.0, 0.0, 1.0, 0.0, 0.0], dtype=torch.float64)
+    target = geometry.rope_family_distances(30, inv_freq, true)
+    weights = geometry.fit_rope_amplitudes(target, inv_freq, criterion=criterion)
+    fitted = geometry.rope_family_distances(30, inv_freq, weights)
+    equal = geometry.rope_family_distances(30, inv_freq, torch.ones(8, dtype=torch.float64))
+    assert abs(weights.sum().item() - 1) < 1e-12 and bool((weights >= 0).all())
+    if criterion == "pearson":
+        assert geometry.distance_correlation(fitted, target) > 0.999 > geometry.distance_correlation(equal, target)
+    else:
+        assert geometry.stress_of_distances(fitted, target) < 0.01 < geometry.stress_of_distances(equal, target)
+    with pytest.raises(ValueError, match="criterion"):
+        geometry.fit_rope_amplitudes(target, inv_freq, criterion="kruskal")
