@@ -1,5 +1,12 @@
+import os
+
 import pytest
 import torch
+
+# Triton kernels run on CPU tensors through Triton's interpreter where no CUDA device is present (tests/test_triton_rope.py);
+# it must be set before triton is first imported.
+if not torch.cuda.is_available():
+    os.environ.setdefault("TRITON_INTERPRET", "1")
 
 
 @pytest.fixture(autouse=True)

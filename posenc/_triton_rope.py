@@ -1,0 +1,208 @@
+"""RoPE on the GPU: one fused Triton kernel for q and k, registered as a ``torch.library`` custom op (private).
+
+One launch rotates queries and keys (any number of kv heads) with one set of tables: each program reads a block of
+positions of one head, its ``cos``/``sin`` rows, computes ``x1 cos - x2 sin`` and ``x2 cos + x1 sin`` in float32
+(float64 for a float64 input) and writes the result rounded once to the input's dtype: the formula of
+:func:`posenc.rope._rotation_formula`, element for element. Inputs are addressed by their strides, so a
+``(B, T, H, D)`` tensor, a transposed view or a slice of a fused qkv projection is rotated where it lies, with no
+copy. The backward pass is the same kernel with the sign of ``sin`` flipped (the inverse rotation).
+
+The ops:
+
+* ``posenc::rope_qk(q, k, cos, sin, interleaved, conjugate) -> (q_rot, k_rot)``: out of place;
+* ``posenc::rope_qk_(q, k, cos, sin, interleaved, conjugate)``: in place (mutates ``q`` and ``k``).
+
+``q``: ``(B, Hq, T, D)``, ``k``: ``(B, Hk, T, D)`` (any strides; :func:`rope_qk` takes ``seq_dim`` and hands the
+kernel a permuted view), ``cos``/``sin``: ``(B or 1, T, R/2)`` float32 with ``R <= D`` (the first ``R`` features
+rotate, the rest pass through). Both ops have fake implementations, so ``torch.compile(fullgraph=True)`` and
+``torch.export`` see one op and never trace into Triton. Nothing here reads a tensor's values on the host.
+
+Triton is optional: :data:`AVAILABLE` says whether it imports. With ``TRITON_INTERPRET=1`` its interpreter runs the
+same kernel on CPU tensors, which is how the tests check it without a GPU.
+"""
+from __future__ import annotations
+
+import os
+
+import torch
+
+try:
+    import triton
+    import triton.language as tl
+except ImportError:  # pragma: no cover - exercised where triton is absent
+    triton = None
+
+AVAILABLE = triton is not None
+#: ``POSENC_KERNEL=formula`` turns the Triton path off everywhere (the plain formula runs instead).
+KERNEL_ENV = "POSENC_KERNEL"
+INTERPRETING = os.environ.get("TRITON_INTERPRET") == "1"
+
+
+def use_triton(x: torch.Tensor) -> bool:
+    """Whether :func:`posenc.rope.apply_rope` sends ``x`` to the Triton kernel: a CUDA tensor, Triton importable,
+    and ``POSENC_KERNEL`` not set to ``formula``. Decided from the device alone, never from values."""
+    return AVAILABLE and x.device.type == "cuda" and os.environ.get(KERNEL_ENV, "") != "formula"
+
+
+if AVAILABLE:
+    @triton.jit
+    def _rope_kernel(Q, K, COS, SIN, Q_OUT, K_OUT,
+                     n_q_heads, n_heads, seq_len,
+                     sq_b, sq_h, sq_t, sq_d, sk_b, sk_h, sk_t, sk_d,
+                     soq_b, soq_h, soq_t, soq_d, sok_b, sok_h, sok_t, sok_d,
+                     sc_b, sc_t, sc_p,
+                     HALF: tl.constexpr, INTERLEAVED: tl.constexpr, CONJUGATE: tl.constexpr, WIDE: tl.constexpr,
+                     BLOCK_T: tl.constexpr, BLOCK_P: tl.constexpr):
+        # program (t block, b * n_heads + head): heads 0 .. n_q_heads-1 are q's, the rest k's
+        pid_t = tl.program_id(0)
+        pid_bh = tl.program_id(1)
+        b = pid_bh // n_heads
+        head = pid_bh % n_heads
+        t = pid_t * BLOCK_T + tl.arange(0, BLOCK_T)
+        p = tl.arange(0, BLOCK_P)
+        mask = (t[:, None] < seq_len) & (p[None, :] < HALF)
+        table = b * sc_b + t[:, None] * sc_t + p[None, :] * sc_p
+        cos = tl.load(COS + table, mask=mask, other=0.0)
+        sin = tl.load(SIN + table, mask=mask, other=0.0)
+        if WIDE:
+            cos = cos.to(tl.float64)
+            sin = sin.to(tl.float64)
+        if CONJUGATE:
+            sin = -sin
+        if INTERLEAVED:
+            first, second = 2 * p, 2 * p + 1
+        else:
+            first, second = p, p + HALF
+        if head < n_q_heads:
+            src = Q + b * sq_b + head * sq_h + t[:, None] * sq_t
+            dst = Q_OUT + b * soq_b + head * soq_h + t[:, None] * soq_t
+            src1, src2 = src + first[None, :] * sq_d, src + second[None, :] * sq_d
+            dst1, dst2 = dst + first[None, :] * soq_d, dst + second[None, :] * soq_d
+        else:
+            kh = head - n_q_heads
+            src = K + b * sk_b + kh * sk_h + t[:, None] * sk_t
+            dst = K_OUT + b * sok_b + kh * sok_h + t[:, None] * sok_t
+            src1, src2 = src + first[None, :] * sk_d, src + second[None, :] * sk_d
+            dst1, dst2 = dst + first[None, :] * sok_d, dst + second[None, :] * sok_d
+        x1 = tl.load(src1, mask=mask, other=0.0)
+        x2 = tl.load(src2, mask=mask, other=0.0)
+        out_dtype = x1.dtype
+        if WIDE:
+            x1 = x1.to(tl.float64)
+            x2 = x2.to(tl.float64)
+        else:
+            x1 = x1.to(tl.float32)
+            x2 = x2.to(tl.float32)
+        # the formula's products and sums, each rounded once (no fused multiply-add is asked for)
+        y1 = x1 * cos - x2 * sin
+        y2 = x2 * cos + x1 * sin
+        tl.store(dst1, y1.to(out_dtype), mask=mask)
+        tl.store(dst2, y2.to(out_dtype), mask=mask)
+
+
+def _block_sizes(seq_len: int, half: int) -> tuple[int, int]:
+    block_p = triton.next_power_of_2(max(half, 1))
+    block_t = max(1, min(triton.next_power_of_2(max(seq_len, 1)), max(1, 4096 // block_p)))
+    return block_t, block_p
+
+
+def _launch(q, k, cos, sin, q_out, k_out, interleaved: bool, conjugate: bool) -> None:
+    batch, n_q, seq_len, _ = q.shape
+    n_k = k.shape[1]
+    half = cos.shape[-1]
+    block_t, block_p = _block_sizes(seq_len, half)
+    grid = (triton.cdiv(seq_len, block_t), batch * (n_q + n_k))
+    table_batch_stride = cos.stride(0) if cos.shape[0] > 1 else 0
+    _rope_kernel[grid](q, k, cos, sin, q_out, k_out, n_q, n_q + n_k, seq_len,
+                       *q.stride(), *k.stride(), *q_out.stride(), *k_out.stride(),
+                       table_batch_stride, cos.stride(1), cos.stride(2),
+                       HALF=half, INTERLEAVED=interleaved, CONJUGATE=conjugate, WIDE=q.dtype == torch.float64,
+                       BLOCK_T=block_t, BLOCK_P=block_p)
+
+
+def _pass_through(source: torch.Tensor, target: torch.Tensor, rotary_dim: int) -> None:
+    if source.shape[-1] > rotary_dim:
+        target[..., rotary_dim:].copy_(source[..., rotary_dim:])
+
+
+@torch.library.custom_op("posenc::rope_qk", mutates_args=())
+def _rope_qk_op(q: torch.Tensor, k: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, interleaved: bool,
+                conjugate: bool) -> tuple[torch.Tensor, torch.Tensor]:
+    q_out, k_out = torch.empty_like(q), torch.empty_like(k)
+    _launch(q, k, cos, sin, q_out, k_out, interleaved, conjugate)
+    rotary_dim = 2 * cos.shape[-1]
+    _pass_through(q, q_out, rotary_dim)
+    _pass_through(k, k_out, rotary_dim)
+    return q_out, k_out
+
+
+@_rope_qk_op.register_fake
+def _(q, k, cos, sin, interleaved, conjugate):
+    return torch.empty_like(q), torch.empty_like(k)
+
+
+def _setup_context(ctx, inputs, output):
+    _, _, cos, sin, interleaved, conjugate = inputs
+    ctx.save_for_backward(cos, sin)
+    ctx.interleaved, ctx.conjugate = interleaved, conjugate
+
+
+def _backward(ctx, grad_q, grad_k):
+    cos, sin = ctx.saved_tensors
+    # the adjoint of a rotation is the rotation by the opposite angle; the tables get no gradient here
+    grad_q, grad_k = _rope_qk_op(grad_q.contiguous(), grad_k.contiguous(), cos, sin, ctx.interleaved,
+                                 not ctx.conjugate)
+    return grad_q, grad_k, None, None, None, None
+
+
+_rope_qk_op.register_autograd(_backward, setup_context=_setup_context)
+
+
+@torch.library.custom_op("posenc::rope_qk_", mutates_args=("q", "k"))
+def _rope_qk_inplace_op(q: torch.Tensor, k: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, interleaved: bool,
+                        conjugate: bool) -> None:
+    # each program reads its two features before it writes them, and no two programs share a feature
+    _launch(q, k, cos, sin, q, k, interleaved, conjugate)
+
+
+@_rope_qk_inplace_op.register_fake
+def _(q, k, cos, sin, interleaved, conjugate):
+    return None
+
+
+def _as_heads_first(x: torch.Tensor, seq_dim: int) -> torch.Tensor:
+    """A ``(B, H, T, D)`` view of ``x`` (``(B, H, T, D)`` for ``seq_dim=-2``, ``(B, T, H, D)`` for ``-3``; missing
+    leading axes are added as views)."""
+    while x.ndim < 4:
+        x = x.unsqueeze(0)
+    return x.transpose(-2, -3) if seq_dim == -3 else x
+
+
+def _tables(cos: torch.Tensor, sin: torch.Tensor):
+    if cos.ndim == 2:
+        cos, sin = cos[None], sin[None]
+    return cos.float(), sin.float()
+
+
+def rope_qk(q: torch.Tensor, k: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, layout: str = "half",
+            seq_dim: int = -2, conjugate: bool = False) -> tuple[torch.Tensor, torch.Tensor]:
+    """Rotate ``q`` and ``k`` in one launch: ``(..., H, T, D)`` (``seq_dim=-2``) or ``(..., T, H, D)``
+    (``seq_dim=-3``), up to 4-D, with ``cos``/``sin`` ``(T, R/2)`` or ``(B, T, R/2)``. Returns new tensors shaped
+    and typed like ``q`` and ``k``; ``conjugate=True`` rotates by the opposite angles. Validation is the caller's
+    (:mod:`posenc.rope` checks shapes before it dispatches here)."""
+    cos, sin = _tables(cos, sin)
+    q4, k4 = _as_heads_first(q, seq_dim), _as_heads_first(k, seq_dim)
+    q_out, k_out = _rope_qk_op(q4, k4, cos, sin, layout == "interleaved", conjugate)
+    if seq_dim == -3:
+        q_out, k_out = q_out.transpose(-2, -3), k_out.transpose(-2, -3)
+    return q_out.reshape(q.shape), k_out.reshape(k.shape)
+
+
+def rope_qk_(q: torch.Tensor, k: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, layout: str = "half",
+             seq_dim: int = -2, conjugate: bool = False) -> tuple[torch.Tensor, torch.Tensor]:
+    """:func:`rope_qk` in place: ``q`` and ``k`` are overwritten (through views, whatever their strides) and
+    returned."""
+    cos, sin = _tables(cos, sin)
+    _rope_qk_inplace_op(_as_heads_first(q, seq_dim), _as_heads_first(k, seq_dim), cos, sin,
+                        layout == "interleaved", conjugate)
+    return q, k

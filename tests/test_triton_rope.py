@@ -1,0 +1,162 @@
+"""The fused Triton RoPE kernel (posenc._triton_rope), checked without a GPU: Triton's own interpreter
+(``TRITON_INTERPRET=1``, set by tests/conftest.py where no CUDA device is present) runs the same ``@triton.jit``
+kernel on CPU tensors. Against :func:`posenc.rope._rotation_formula`:
+
+* float32 and float64: bit for bit. The kernel computes ``x1 cos - x2 sin`` and ``x2 cos + x1 sin`` as separate
+  products and sums, as the formula does, and the interpreter evaluates them with numpy, which never fuses a
+  multiply-add. (On a GPU the compiler may contract ``a * b - c * d`` into one FMA: then the difference is at most
+  one rounding of each product, |error| <= 2 eps (|x1 cos| + |x2 sin|); ``make bench-gpu`` prints it.)
+* float16: bit for bit (numpy rounds float32 to float16 to nearest, as the formula's ``.to`` does).
+* bfloat16: the interpreter has no bfloat16 arithmetic; it stores a float32 value as bfloat16 by dropping the low
+  16 bits (rounding toward zero), where a GPU rounds to nearest. So the interpreted kernel's bfloat16 output must
+  equal the float32 formula truncated to bfloat16, which checks that the products were taken in float32 and
+  rounded once.
+"""
+import os
+
+import pytest
+import torch
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from posenc import _triton_rope as tr
+from posenc import rope_frequencies
+from posenc.rope import _rotation_formula, rope_cos_sin
+
+pytestmark = pytest.mark.skipif(not tr.AVAILABLE, reason="triton is not installed")
+INTERPRETED = os.environ.get("TRITON_INTERPRET") == "1"
+if not torch.cuda.is_available() and not INTERPRETED:
+    pytestmark = pytest.mark.skip(reason="no CUDA device and TRITON_INTERPRET is not 1")
+DEVICE = "cuda" if torch.cuda.is_available() and not INTERPRETED else "cpu"
+
+
+def truncate_to_bfloat16(x: torch.Tensor) -> torch.Tensor:
+    return (x.float().contiguous().view(torch.int32) & ~0xFFFF).view(torch.float32).to(torch.bfloat16)
+
+
+def expected(x, cos, sin, layout):
+    """What the kernel must return for ``x`` ``(B, H, T, D)``: the formula (bfloat16: see the module docstring)."""
+    if x.dtype == torch.bfloat16 and INTERPRETED:
+        return truncate_to_bfloat16(_rotation_formula(x.float(), cos, sin, layout))
+    return _rotation_formula(x, cos, sin, layout)
+
+
+def tables(length, rotary_dim, batch=None, offset=0.0):
+    inv_freq, _ = rope_frequencies(rotary_dim)
+    positions = torch.arange(length) + offset
+    if batch is not None:
+        positions = positions + 17.0 * torch.arange(batch)[:, None]     # (B, T): each sequence at its own offset
+    cos, sin = rope_cos_sin(positions, inv_freq)
+    return cos.to(DEVICE), sin.to(DEVICE)
+
+
+def broadcast(table, x):
+    return table[:, None] if table.ndim == 3 else table              # (B, T, R/2) -> (B, 1, T, R/2)
+
+
+@settings(max_examples=25, deadline=None)
+@given(dtype=st.sampled_from([torch.float32, torch.float64, torch.float16, torch.bfloat16]),
+       layout=st.sampled_from(["half", "interleaved"]),
+       batch=st.integers(1, 2), q_heads=st.integers(1, 4), kv_divisor=st.sampled_from([1, 2, 4]),
+       length=st.integers(1, 37), half=st.integers(1, 9), extra=st.sampled_from([0, 2, 6]),
+       batched_tables=st.booleans(), offset=st.sampled_from([0.0, 1000.5, 70_000.0]),
+       seq_dim=st.sampled_from([-2, -3]), strided=st.booleans())
+def test_kernel_equals_the_formula(dtype, layout, batch, q_heads, kv_divisor, length, half, extra, batched_tables,
+                                   offset, seq_dim, strided):
+    kv_heads = max(1, q_heads // kv_divisor)
+    rotary_dim, head_dim = 2 * half, 2 * half + extra                  # odd pair counts hit the kernel's masks
+    cos, sin = tables(length, rotary_dim, batch if batched_tables else None, offset)
+
+    def make(heads):
+        shape = (batch, heads, length, head_dim) if seq_dim == -2 else (batch, length, heads, head_dim)
+        if strided:   # a slice of a wider (fused qkv-like) buffer: every stride differs from the contiguous one
+            wide = torch.randn(*shape[:-1], 3 * head_dim, device=DEVICE).to(dtype)
+            return wide[..., head_dim:2 * head_dim]
+        return torch.randn(shape, device=DEVICE).to(dtype)
+
+    q, k = make(q_heads), make(kv_heads)
+    q_out, k_out = tr.rope_qk(q, k, cos, sin, layout, seq_dim=seq_dim)
+    heads_first = (lambda t: t) if seq_dim == -2 else (lambda t: t.transpose(1, 2))
+    assert q_out.dtype == dtype and q_out.shape == q.shape and k_out.shape == k.shape
+    assert torch.equal(heads_first(q_out), expected(heads_first(q), broadcast(cos, q), broadcast(sin, q), layout))
+    assert torch.equal(heads_first(k_out), expected(heads_first(k), broadcast(cos, k), broadcast(sin, k), layout))
+
+    q_copy, k_copy = q.clone(), k.clone()
+    tr.rope_qk_(q, k, cos, sin, layout, seq_dim=seq_dim)             # in place, through the same strides
+    assert torch.equal(q, q_out) and torch.equal(k, k_out)
+    back_q, _ = tr.rope_qk(q, k, cos, sin, layout, seq_dim=seq_dim, conjugate=True)
+    if dtype in (torch.float32, torch.float64):
+        # the inverse rotation undoes it up to the float32 tables: cos^2 + sin^2 = 1 within ~2 eps32, plus the
+        # rounding of the two rotations' products and sums (a few eps32 at most, also in float64)
+        assert torch.allclose(back_q, q_copy, rtol=0, atol=8 * torch.finfo(torch.float32).eps * (1 + q_copy.abs().max()))
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
+@pytest.mark.parametrize("layout", ["half", "interleaved"])
+def test_gradients_equal_autograd_of_the_formula(dtype, layout):
+    cos, sin = tables(11, 12)
+    q = torch.randn(2, 4, 11, 16, device=DEVICE, dtype=dtype, requires_grad=True)
+    k = torch.randn(2, 2, 11, 16, device=DEVICE, dtype=dtype, requires_grad=True)
+    weights_q, weights_k = torch.randn_like(q), torch.randn_like(k)
+    q_out, k_out = tr.rope_qk(q, k, cos, sin, layout)
+    grads = torch.autograd.grad((q_out * weights_q).sum() + (k_out * weights_k).sum(), (q, k))
+    reference = torch.autograd.grad((_rotation_formula(q, cos, sin, layout) * weights_q).sum()
+                                    + (_rotation_formula(k, cos, sin, layout) * weights_k).sum(), (q, k))
+    # the backward is the kernel with sin negated: x1 cos + x2 sin where autograd forms x1 cos + (-sin) x2 ...
+    # both are the same two products and one sum, so bit for bit
+    assert torch.equal(grads[0], reference[0]) and torch.equal(grads[1], reference[1])
+
+
+def test_opcheck_of_both_ops():
+    cos, sin = tables(5, 8)
+    q, k = torch.randn(1, 2, 5, 8, device=DEVICE), torch.randn(1, 1, 5, 8, device=DEVICE)
+    for op, args in ((tr._rope_qk_op, (q, k, cos[None], sin[None], False, False)),
+                     (tr._rope_qk_inplace_op, (q.clone(), k.clone(), cos[None], sin[None], True, False))):
+        torch.library.opcheck(op, args)
+
+
+def test_the_op_compiles_and_exports_as_one_node():
+    cos, sin = tables(9, 16)
+
+    def block(q, k):
+        q_rot, k_rot = tr.rope_qk(q, k, cos, sin)
+        return torch.nn.functional.scaled_dot_product_attention(q_rot, k_rot, k_rot, is_causal=True)
+
+    q, k = torch.randn(1, 2, 9, 16, device=DEVICE), torch.randn(1, 2, 9, 16, device=DEVICE)
+    eager = block(q, k)
+    torch._dynamo.reset()
+    compiled = torch.compile(block, fullgraph=True, backend="aot_eager")
+    assert torch.equal(compiled(q, k), eager)
+
+    class Block(torch.nn.Module):
+        def forward(self, q, k):
+            return block(q, k)
+
+    exported = torch.export.export(Block(), (q, k))
+    assert any("posenc.rope_qk" in str(node.target) for node in exported.graph.nodes)
+    assert torch.equal(exported.module()(q, k), eager)
+
+
+def test_meta_and_fake_tensors_never_reach_the_host():
+    from torch._subclasses.fake_tensor import FakeTensorMode
+
+    for device in ("meta",):
+        q = torch.randn(2, 4, 6, 16, device=device, dtype=torch.bfloat16)
+        k = torch.randn(2, 2, 6, 16, device=device, dtype=torch.bfloat16)
+        cos, sin = torch.randn(6, 8, device=device), torch.randn(6, 8, device=device)
+        q_out, k_out = tr.rope_qk(q, k, cos, sin)
+        assert q_out.device.type == "meta" and q_out.dtype == torch.bfloat16 and k_out.shape == k.shape
+    with FakeTensorMode():
+        q, k = torch.randn(2, 4, 6, 16), torch.randn(2, 2, 6, 16)
+        cos, sin = torch.randn(6, 8), torch.randn(6, 8)
+        q_out, _ = tr.rope_qk(q, k, cos, sin, seq_dim=-2)
+        assert q_out.shape == q.shape
+
+
+def test_use_triton_decides_from_the_device_and_the_switch(monkeypatch):
+    cpu = torch.zeros(1)
+    assert not tr.use_triton(cpu)
+    meta_cuda_like = torch.empty(1, device="meta")
+    assert not tr.use_triton(meta_cuda_like)
+    monkeypatch.setenv(tr.KERNEL_ENV, "formula")
+    assert not tr.use_triton(cpu)
