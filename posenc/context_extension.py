@@ -94,13 +94,14 @@ def unseen_arc(inv_freq: torch.Tensor, trained_inv_freq: torch.Tensor, trained_l
 
 def score_kernel(inv_freq: torch.Tensor, distances: torch.Tensor, attention_factor: float = 1.0) -> torch.Tensor:
     """RoPE's logit between a query and a key ``Delta`` apart when both are the all-ones vector, per pair, averaged:
-    ``t^2 / P * sum_i cos(Delta theta_i)`` (``t``: the attention factor that multiplies cos and sin, YaRN's
-    temperature). ``distances`` ``(N,)`` -> ``(N,)``, 1 at ``Delta = 0`` when ``t = 1``. It shows how fast a table
+    ``a^2 / P * sum_i cos(Delta theta_i)`` (``a``: the attention factor that multiplies cos and sin; for YaRN
+    ``a = sqrt(1/t)`` with ``t`` the paper's softmax temperature). ``distances`` ``(N,)`` -> ``(N,)``, 1 at
+    ``Delta = 0`` when ``a = 1``. It shows how fast a table
     forgets: where it stays near 1 the pairs cannot tell the two positions apart."""
     table = _table("inv_freq", inv_freq)
     require_tensor("distances", distances)
-    t = require_positive_number("attention_factor", attention_factor)
-    return t**2 * torch.cos(distances.to(table).reshape(-1, 1) * table).mean(-1)
+    a = require_positive_number("attention_factor", attention_factor)
+    return a**2 * torch.cos(distances.to(table).reshape(-1, 1) * table).mean(-1)
 
 
 def critical_pair(head_dim: int, base: float, length: int) -> int:

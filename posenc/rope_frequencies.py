@@ -7,7 +7,8 @@ Every function has the signature::
 
 * ``inv_freq``: float32 tensor of shape ``(rotary_dim // 2,)``, the angle per unit of position for each
   feature pair, where ``rotary_dim = int(head_dim * partial_rotary_factor)``.
-* ``attention_factor``: float that multiplies cos and sin (YaRN's and LongRoPE's temperature; 1.0 otherwise).
+* ``attention_factor``: float that multiplies cos and sin, so every logit is multiplied by its square (YaRN's
+  sqrt(1/t) = 0.1 ln s + 1 for the paper's softmax temperature t; LongRoPE's sqrt(1 + ln s / ln L); 1.0 otherwise).
 
 ``rope_parameters`` uses the key names and defaults of Hugging Face transformers' ``rope_parameters``
 (``rope_theta``, ``factor``, ``original_max_position_embeddings``, ``beta_fast``, ...), and the tables are
@@ -88,7 +89,14 @@ def _yarn_mscale(scale: float, mscale: float = 1.0) -> float:
 
 
 def yarn_frequencies(head_dim, rope_parameters, max_position_embeddings, seq_len=None, device=None):
-    """YaRN: interpolate low frequencies, keep high ones, ramp in between; temperature 0.1 ln(s) + 1."""
+    """YaRN: interpolate low frequencies, keep high ones, ramp in between; attention factor 0.1 ln(s) + 1.
+
+    The ramp is transformers' (the authors' code), not the paper's formula: the pair indices where a pair turns
+    ``beta_fast`` and ``beta_slow`` times in the original context are rounded outwards (``truncate``, default
+    True), clamped to ``[0, dim - 1]``, and the blend is linear in the pair index between them. On small heads
+    the clamp decides which pairs are kept (head_dim 8, base 1e4, 16 positions: the low end -1.10 becomes -2,
+    then 0, so pair 0 is kept).
+    """
     base = rope_parameters.get("rope_theta", DEFAULT_THETA)
     dim = _rotary_dim(head_dim, rope_parameters)
     original = _original_length(rope_parameters, max_position_embeddings)

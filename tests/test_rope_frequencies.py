@@ -208,3 +208,43 @@ def test_wrong_types_are_rejected():
     with pytest.raises(ValueError, match="long_factor"):
         posenc.rope_frequencies(HEAD_DIM, {"rope_type": "longrope", "short_factor": [1.0] * 32,
                                            "long_factor": [1.0] * 31})
+
+
+@pytest.mark.parametrize("head_dim", [4, 8, 16])
+@pytest.mark.parametrize("original", [16, 64, 128])  # all below 32 * 2 pi: the low end is negative
+@pytest.mark.parametrize("truncate", [True, False])
+def test_yarn_on_small_heads_where_the_clamp_decides_equals_transformers(head_dim, original, truncate):
+    # heads this small put the pair index where a pair turns 32 times in `original` below 0, so transformers'
+    # clamp max(low, 0) decides the ramp; posenc must apply it too
+    import math
+
+    from transformers import LlamaConfig
+    from transformers.modeling_rope_utils import ROPE_INIT_FUNCTIONS
+
+    params = {"rope_type": "yarn", "rope_theta": 10000.0, "factor": 8.0, "original_max_position_embeddings": original,
+              "truncate": truncate}
+    config = LlamaConfig(hidden_size=4 * head_dim, num_attention_heads=4, max_position_embeddings=8 * original,
+                         rope_parameters=dict(params))
+    expected, expected_factor = ROPE_INIT_FUNCTIONS["yarn"](config, None)
+    inv_freq, factor = posenc.rope_frequencies(head_dim, params, 8 * original)
+    assert torch.equal(inv_freq, expected)  # exact: the same float32 operations in the same order
+    assert factor == expected_factor
+    low = head_dim * math.log(original / (32 * 2 * math.pi)) / (2 * math.log(10000.0))
+    assert low < 0  # the case this test is about: unclamped, the ramp would start before pair 0
+
+
+def test_yarn_keeps_the_fastest_pair_of_an_8_dimensional_head_where_the_papers_ramp_does_not():
+    # the small model of chapter 10: d = 8, base 1e4, L = 16, s = 8
+    import math
+
+    from posenc import context_extension as ext
+
+    rope = posenc.rope_frequencies(8, {"rope_theta": 10000.0})[0].double()
+    code, _ = posenc.rope_frequencies(8, {"rope_type": "yarn", "factor": 8.0, "original_max_position_embeddings": 16},
+                                      128)
+    assert code[0] == rope[0] == 1  # exact: the clamped ramp starts at pair 0, whose keep weight is exactly 1
+    assert torch.allclose(code[1:].double(), rope[1:] / 8, rtol=1e-6)  # float32 table against float64
+    gamma = ext.yarn_ramp(ext.turns(rope, 16))  # the paper's ramp: pair 0 turns 16 / 2 pi = 2.55 times
+    paper = (1 - gamma) * rope / 8 + gamma * rope
+    assert math.isclose(gamma[0], (16 / (2 * math.pi) - 1) / 31, rel_tol=1e-12)
+    assert 5.92 < rope[0] / paper[0] < 5.94
