@@ -228,6 +228,7 @@ class RotaryEmbedding(PositionalEncoding):
     """
 
     kind = "qk"
+    _fixed_dtype_buffers = ("inv_freq",)
 
     def __init__(self, head_dim: int, rope_parameters: dict | None = None, max_position_embeddings: int = 2048,
                  layout: str = "half", compiled: bool = False):
