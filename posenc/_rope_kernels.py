@@ -103,8 +103,10 @@ class RotationEngine:
     def kernel_fits(self, x, cos, sin) -> bool:
         """Whether the blocked kernel computes what the formula does: a large real x that keeps its shape, no
         traced or functorch-wrapped tensors, no gradient wanted for the tables."""
-        return (x.numel() >= KERNEL_MIN_NUMEL and x.is_floating_point() and tables_fit(x, cos)
-                and not torch.compiler.is_compiling() and not _functorch_active()
+        # traced first: under torch.compile/export the sizes are symbolic, and testing them would add guards (an
+        # export constraint "T <= 511", a recompile when T crosses 512)
+        return (not torch.compiler.is_compiling() and not _functorch_active()
+                and x.numel() >= KERNEL_MIN_NUMEL and x.is_floating_point() and tables_fit(x, cos)
                 and not (torch.is_grad_enabled() and (cos.requires_grad or sin.requires_grad)))
 
     def rotate_default(self, x, cos, sin, layout):
