@@ -288,6 +288,11 @@ def permute_qk_weight(weight: torch.Tensor, n_heads: int, to: str = "half") -> t
     return per_head[:, perm].reshape(weight.shape)
 
 
+#: Positions up to which explicit CPU positions may read :class:`RotaryEmbedding`'s cached tables (or up to
+#: ``max_position_embeddings`` when that is larger): the cache never grows past it for them.
+CACHE_LIMIT = 1 << 16
+
+
 class RotaryEmbedding(PositionalEncoding):
     """RoPE for a model, and RoPE's "qk" plug-in for :func:`posenc.attention`.
 
@@ -305,7 +310,10 @@ class RotaryEmbedding(PositionalEncoding):
     Tables. For the rope types whose table does not depend on the length, the tables of the default positions
     ``offset + arange(T)`` are cut from a cache of ``cos``/``sin`` rows ``(N, R/2)`` (``N`` a power of two,
     grown when ``offset + T`` passes it), rebuilt when ``inv_freq`` changes (device, dtype, values); explicit
-    ``positions`` and traced calls (``torch.compile``, ``torch.export``) compute their tables directly.
+    ``positions`` read the cache too on the CPU in eager calls when every row is a run ``p0, p0 + 1, ...`` of
+    integers (a decode step's ``(B, 1)`` position ids); other positions, accelerators and traced calls
+    (``torch.compile``, ``torch.export``) compute their tables directly. The cached rows are the direct
+    computation's numbers (tests/test_library_use.py).
     Dynamic NTK and LongRoPE pick their table from ``seq_len``: the declared ``offset + T`` for default positions,
     otherwise ``max(positions) + 1`` as a tensor (no host sync, traceable).
 
@@ -385,7 +393,24 @@ class RotaryEmbedding(PositionalEncoding):
         _check_positions(positions, x, axis, x_name="q")
         if not (isinstance(offset, int) and offset == 0):
             positions = positions + offset
+        start = self._cached_run(positions, x)
+        if start is not None:
+            return self._cached_cos_sin(start, length)
         return self._cos_sin(positions)
+
+    def _cached_run(self, positions, x):
+        """``p0`` when every row of integer ``positions`` is ``p0, p0 + 1, ...`` (a decode step, a batch without
+        padding), so that the cache's rows serve; otherwise None. Only on the CPU in eager calls, where reading the
+        values costs no device sync, and only within :data:`CACHE_LIMIT` positions."""
+        if (self._uses_seq_len or positions.device.type != "cpu" or x.device != positions.device
+                or positions.is_floating_point() or torch.compiler.is_compiling() or positions.numel() == 0):
+            return None
+        rows = positions.reshape(-1, positions.shape[-1])
+        start, length = int(rows[0, 0]), rows.shape[-1]
+        if start < 0 or start + length > max(CACHE_LIMIT, self.max_position_embeddings):
+            return None
+        run = rows == start if length == 1 else rows == torch.arange(start, start + length)
+        return start if bool(run.all()) else None
 
     def forward(self, q: torch.Tensor, k: torch.Tensor, positions=None, offset: int = 0, *,
                 seq_dim: int | None = None):

@@ -315,3 +315,41 @@ def test_finiteness_is_checked_in_eager_cpu_calls_only():
         module(q, q, positions=bad)
     compiled = torch.compile(lambda q, p: module(q, q, p), fullgraph=True, backend="eager")
     assert compiled(q, bad)[0].isnan().any()  # traced: no value is read back, the NaN goes through
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16, torch.float16, torch.float64])
+@pytest.mark.parametrize("layout", ["half", "interleaved"])
+def test_small_eager_path_is_the_formula_bit_for_bit(dtype, layout):
+    """A decode-sized input without gradients takes rotate_small (out= into one output, no cat): the formula's
+    products and sums, each rounded as the formula rounds them, so equal bit for bit."""
+    from posenc import rope
+    from posenc._rope_kernels import KERNEL_MIN_NUMEL
+
+    generator = torch.Generator().manual_seed(5)
+    for fraction, batched, seq_dim in ((1.0, False, -2), (0.5, True, -2), (1.0, True, -3)):
+        x = torch.randn(8, 32, 1, 64, generator=generator).to(dtype)
+        inv_freq, _ = posenc.rope_frequencies(64, {"partial_rotary_factor": fraction})
+        positions = torch.arange(8)[:, None] + 1000 if batched else torch.tensor([1000])
+        cos, sin = posenc.rope_cos_sin(positions, inv_freq)
+        if seq_dim == -3:
+            x = x.transpose(1, 2)
+        aligned = [rope._align_table(t, x, seq_dim) for t in (cos, sin)]
+        assert rope._ENGINE._eager_fits(x, *aligned) and x.numel() < KERNEL_MIN_NUMEL
+        expected = rope._rotation_formula(x, *aligned, layout)
+        assert torch.equal(posenc.apply_rope(x, cos, sin, layout, seq_dim=seq_dim), expected)
+
+
+def test_position_id_runs_read_the_cache_and_others_do_not():
+    module = posenc.RotaryEmbedding(64)
+    q = torch.randn(8, 4, 1, 64)
+    step = torch.full((8, 1), 1000)
+    expected = posenc.apply_rope(q, *posenc.rope_cos_sin(step, module.inv_freq))
+    assert torch.equal(module(q, q, positions=step)[0], expected)  # read from the cache
+    assert module._table_cache is not None and module._table_cache[1].shape[0] == 1024
+    prompt = torch.randn(2, 4, 6, 64)
+    for positions in (torch.arange(6) + 3, torch.stack((torch.arange(6), torch.arange(6))),  # runs: cached rows
+                      torch.tensor([[0, 1, 2, 3, 4, 5], [0, 0, 0, 1, 2, 3]]),  # left padding: computed
+                      torch.arange(6) * 2.5, torch.arange(6) + 70_000):  # real, and past the cache limit: computed
+        direct = posenc.apply_rope(prompt, *posenc.rope_cos_sin(positions, module.inv_freq))
+        assert torch.equal(module(prompt, prompt, positions=positions)[0], direct)
+    assert module._table_cache[1].shape[0] == 1024  # the cache did not grow to 70,000
