@@ -68,6 +68,7 @@ class ALiBi(PositionalEncoding):
     """ALiBi as a "logits" plug-in for :func:`posenc.attention`: the bias of :func:`alibi_bias_at`."""
 
     kind = "logits"
+    _fixed_dtype_buffers = ("slopes",)
 
     def __init__(self, n_heads: int, causal: bool = True):
         super().__init__()

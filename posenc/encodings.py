@@ -23,6 +23,21 @@ class PositionalEncoding(nn.Module):
     """Base class: override the hook that matches ``kind``; the others are identities."""
 
     kind = "none"
+    #: Buffers that keep the dtype they were built in (float32 or float64 frequency tables, slopes, generators)
+    #: whatever ``.to(dtype)``, ``.half()``, ``.bfloat16()`` or ``.double()`` does to the module: a model cast to
+    #: bf16 still computes its angles in float32, and its outputs take the inputs' dtype. Devices do follow.
+    _fixed_dtype_buffers: tuple[str, ...] = ()
+
+    def _apply(self, fn, *args, **kwargs):
+        kept = {name: self._buffers[name] for name in self._fixed_dtype_buffers
+                if self._buffers.get(name) is not None}
+        super()._apply(fn, *args, **kwargs)
+        for name, before in kept.items():
+            after = self._buffers.get(name)
+            if after is not None and after.dtype != before.dtype:
+                # the cast rounded the table: take the original values, on the new device
+                self._buffers[name] = before.to(device=after.device)
+        return self
 
     def encode_input(self, x: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:
         """``x``: ``(B, L, d_model)``, ``positions``: ``(L,)`` or ``(B, L)``."""

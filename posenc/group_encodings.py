@@ -203,6 +203,7 @@ class _MapsEncoding(PositionalEncoding):
     """Shared machinery: ``q -> F(t) q``, ``k -> F(s)^{-T} k``, with ``F`` given by :meth:`query_maps`."""
 
     kind = "qk"
+    _fixed_dtype_buffers = ("generator", "generators")  # a learnable generator is a Parameter: it follows the model
 
     def query_maps(self, positions: torch.Tensor, sign: float = 1.0) -> torch.Tensor:
         raise NotImplementedError

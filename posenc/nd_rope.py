@@ -218,6 +218,7 @@ class NDRoPE(PositionalEncoding):
     """
 
     kind = "qk"
+    _fixed_dtype_buffers = ("weights", "coordinates")  # learnable weights are a Parameter: they follow the model
 
     def __init__(self, head_dim: int, n_axes: int = 2, variant: str = "axial", base: float = DEFAULT_BASE,
                  coordinates: torch.Tensor | None = None, learnable: bool | None = None, layout: str = "half",
