@@ -16,7 +16,11 @@ Layouts. Pair ``i`` of a ``D``-vector is
 Angles, cos and sin are always float32, whatever the dtype of ``x``; the rotation of a bf16 or fp16 input
 is carried out in float32 and rounded once at the end.
 
-Speed. The rotation is written once, as the formula :func:`_rotation_formula` (bit for bit transformers'
+GPU. On CUDA the rotation is one fused Triton kernel (:mod:`posenc._triton_rope`: q and k in one launch, float32
+math, strides not copies, a ``torch.library`` custom op that ``torch.compile`` and ``torch.export`` keep as one
+node), whenever Triton imports and ``POSENC_KERNEL`` is not ``formula``; tables that need a gradient take the formula.
+
+Speed (CPU). The rotation is written once, as the formula :func:`_rotation_formula` (bit for bit transformers'
 ``q * cos + rotate_half(q) * sin``). On a large input :func:`apply_rope` computes that same formula with the
 blocked out= kernels of :mod:`posenc._rope_kernels` (all passes of the rotation over one cache-sized block at
 a time; same values and gradients, bit for bit). ``compiled=True`` fuses the formula into one ``torch.compile``
@@ -156,6 +160,22 @@ def _rotation_formula(x, cos, sin, layout):
 _ENGINE = RotationEngine(_rotation_formula, _pairs)
 
 
+def _use_triton(x: torch.Tensor) -> bool:
+    """CUDA inputs take the fused Triton kernel of :mod:`posenc._triton_rope` (imported only then), unless Triton is
+    missing or ``POSENC_KERNEL=formula``; decided from the device alone, so no value is read on the host."""
+    if x.device.type != "cuda":
+        return False
+    from . import _triton_rope
+
+    return _triton_rope.use_triton(x)
+
+
+def _triton():
+    from . import _triton_rope
+
+    return _triton_rope
+
+
 def _prepare(x, cos, sin, layout, seq_dim, name="x"):
     check_layout(layout)
     axis = _check_apply(x, cos, sin, seq_dim, name)
@@ -177,6 +197,9 @@ def apply_rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, layout: st
     pass over memory; its first call in a process compiles for seconds, so it pays for large or repeated
     calls); it falls back to the eager kernel where compiling is not possible.
     """
+    if _use_triton(x) and not compiled and _triton().supports(x, cos, sin):
+        check_layout(layout)
+        return _triton().rope(x, cos, sin, layout, _check_apply(x, cos, sin, seq_dim))
     cos, sin = _prepare(x, cos, sin, layout, seq_dim)
     if compiled and not torch.compiler.is_compiling():
         return _ENGINE.compiled(x, cos, sin, layout)
@@ -190,6 +213,12 @@ def apply_rope_qk(q: torch.Tensor, k: torch.Tensor, cos: torch.Tensor, sin: torc
     ``q``: ``(B, H, T, D)``, ``k``: ``(B, H_kv, T, D)`` (or ``(B, T, H, D)`` and ``(B, T, H_kv, D)`` with
     ``seq_dim=-3``); the tables are checked and aligned once.
     """
+    if (_use_triton(q) and not compiled and k.device == q.device and k.dtype == q.dtype and k.ndim == q.ndim
+            and _triton().supports(q, cos, sin)):
+        check_layout(layout)
+        axis = _check_apply(q, cos, sin, seq_dim, "q")
+        _check_apply(k, cos, sin, seq_dim, "k")
+        return _triton().rope_qk(q, k, cos, sin, layout, axis)
     q_cos, q_sin = _prepare(q, cos, sin, layout, seq_dim, "q")
     if k.ndim == q.ndim:
         _check_apply(k, cos, sin, seq_dim, "k")
@@ -207,6 +236,9 @@ def apply_rope_(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, layout: s
 
     ``cos`` and ``sin`` must broadcast to ``x`` (not the other way round). Autograd sees an in-place copy.
     """
+    if _use_triton(x) and not compiled and _triton().supports(x, cos, sin):
+        check_layout(layout)
+        return _triton().rope_(x, cos, sin, layout, _check_apply(x, cos, sin, seq_dim))
     cos, sin = _prepare(x, cos, sin, layout, seq_dim)
     if not tables_fit(x, cos):
         raise ValueError(f"cos/sin of shape {tuple(cos.shape)} do not broadcast to x of shape {tuple(x.shape)}; "

@@ -53,7 +53,8 @@ def _rotary_dim(head_dim: int, rope_parameters: dict) -> int:
 
 def _geometric_inv_freq(base: float, dim: int, device) -> torch.Tensor:
     # theta_i = base^(-2i/dim), i = 0 .. dim/2 - 1, in float32 as transformers does
-    exponents = torch.arange(0, dim, 2, dtype=torch.int64).to(device=device, dtype=torch.float) / dim
+    # made on the device (not on the host and copied, as transformers does): the same integers, so the same table
+    exponents = torch.arange(0, dim, 2, dtype=torch.int64, device=device).float() / dim
     return 1.0 / (base**exponents)
 
 
