@@ -67,6 +67,31 @@ def transformers_rotation(head_dim, seq_len, dtype, device):
     return lambda q, k: apply_rotary_pos_emb(q, k, cos, sin)
 
 
+def transformers_decode_step(head_dim, n_heads, dtype, device):
+    """One generation step as a Llama model takes it: ``LlamaRotaryEmbedding`` turns ``position_ids`` ``(B, 1)``
+    into cos and sin, then ``apply_rotary_pos_emb`` rotates q and k (both timed: a model pays both every step)."""
+    from transformers import LlamaConfig
+    from transformers.models.llama.modeling_llama import LlamaRotaryEmbedding, apply_rotary_pos_emb
+
+    config = LlamaConfig(hidden_size=head_dim * n_heads, num_attention_heads=n_heads, max_position_embeddings=8192)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        rotary = LlamaRotaryEmbedding(config).to(device)
+
+    def step(q, k, position, position_ids):
+        return apply_rotary_pos_emb(q, k, *rotary(q, position_ids))
+    return step
+
+
+def posenc_decode_step(head_dim, n_heads, dtype, device, by="offset"):
+    """One generation step with :class:`posenc.RotaryEmbedding`: ``by="offset"`` passes the number of cached tokens
+    (an int: the tables are rows of the module's cache), ``by="positions"`` the ``(B, 1)`` position ids."""
+    rotary = posenc.RotaryEmbedding(head_dim, max_position_embeddings=8192).to(device)
+    if by == "offset":
+        return lambda q, k, position, position_ids: rotary(q, k, offset=position)
+    return lambda q, k, position, position_ids: rotary(q, k, positions=position_ids)
+
+
 def rotary_embedding_torch_rotation(head_dim, seq_len, dtype, device):
     """``RotaryEmbedding.rotate_queries_or_keys``, its everyday call (angles cached after the first call)."""
     from rotary_embedding_torch import RotaryEmbedding

@@ -8,7 +8,8 @@ Sections: RoPE forward on CPU (fp32 and bf16, two shapes, q and k both; throughp
 a fraction of the bandwidth of a plain out-of-place copy of q and k); backward and in place (CPU, fp32); in fp32
 also a copy and posenc's kernel writing into buffers that already exist (the difference to the plain copy is the
 cost of a fresh output's memory pages, which every out-of-place operation pays);
-a summary in the form of the README's table; bf16 precision against float64 at positions 0..100 000; the book
+one generation step at (8, 32, 1, 128) (decode: cos/sin and the rotation of q and k, against transformers'
+LlamaRotaryEmbedding + apply_rotary_pos_emb); a summary in the form of the README's table; bf16 precision against float64 at positions 0..100 000; the book
 (chapter execution times; a clean ``make book`` with ``--book``); the live redraw time of every interactive
 figure of the book (each chapter executed with ``POSENC_REDRAW_LOG``); the same forward harness on CUDA when a
 GPU is present.
@@ -41,6 +42,8 @@ SHAPES = ((1, 32, 4096, 128), (4, 16, 2048, 128))
 QUICK_SHAPES = ((1, 8, 1024, 128),)
 PRECISION_POSITIONS = 100_001
 SLIDER_LIMIT_SECONDS = 0.1
+DECODE_SHAPE = (8, 32, 1, 128)  # (B, H, T, D): one new token per sequence, as in generation
+DECODE_STEPS = 200  # steps per timed sample: one step is tens of microseconds
 
 
 # ----------------------------------------------------------------------------------------------- machine
@@ -182,6 +185,56 @@ def backward_section(shapes, budget, available) -> list:
         times = interleaved(calls, rounds, lambda: None, prepare=preparers)
         results.append(summary(times, shape, dtype, device, first, {}, []))
         print_speed(f"backward, cpu, float32, q and k {tuple(shape)}", results[-1])
+    return results
+
+
+def decode_section(budget, available, shape=DECODE_SHAPE, steps: int = DECODE_STEPS) -> list:
+    """CPU: one generation step, q and k of one new token per sequence rotated at position ``start + step``.
+
+    A sample is ``steps`` consecutive steps (positions 1000, 1001, ...); transformers computes its cos and sin
+    from ``position_ids`` inside every step, as its models do; posenc is called with the cache offset (an int) and
+    with the ``(B, 1)`` position ids. Per-step times; ``vs_transformers`` = transformers' time / the contender's.
+    """
+    device, results = torch.device("cpu"), []
+    if "transformers" not in available:
+        print("\ndecode: transformers is not installed, skipped")
+        return results
+    batch, n_heads, _, head_dim = shape
+    for dtype in (torch.float32, torch.bfloat16):
+        generator = torch.Generator().manual_seed(2)
+        q = torch.randn(shape, generator=generator).to(dtype)
+        k = torch.randn(shape, generator=generator).to(dtype)
+        ids = [torch.full((batch, 1), 1000 + s) for s in range(steps)]
+        builders = {"transformers": peers.transformers_decode_step(head_dim, n_heads, dtype, device),
+                    "posenc (offset)": peers.posenc_decode_step(head_dim, n_heads, dtype, device, "offset"),
+                    "posenc (position ids)": peers.posenc_decode_step(head_dim, n_heads, dtype, device, "positions")}
+        expected = builders["transformers"](q, k, 1000, ids[0])
+        differences = {name: max(_max_difference(o, e) for o, e in zip(step(q, k, 1000, ids[0]), expected))
+                       for name, step in builders.items()}
+
+        def run(step):
+            def many():
+                for s in range(steps):
+                    step(q, k, 1000 + s, ids[s])
+            return many
+
+        calls = {name: run(step) for name, step in builders.items()}
+        for call in calls.values():
+            call()  # warm up: the first call builds posenc's table cache
+        warm = sum(time_call(call, lambda: None) for call in calls.values())
+        times = interleaved(calls, rounds_for(warm, budget, low=5, high=21), lambda: None)
+        rows = []
+        for name, samples in times.items():
+            median = sorted(samples)[len(samples) // 2]
+            rows.append({"contender": name, "us_per_step": round(1e6 * median / steps, 1),
+                         "vs_transformers": round(median_ratio(times["transformers"], samples), 3),
+                         "max_diff_vs_transformers": round(differences[name], 6)})
+        results.append({"device": "cpu", "dtype": str(dtype).replace("torch.", ""), "shape": list(shape),
+                        "steps_per_sample": steps, "rounds": len(times["transformers"]), "rows": rows,
+                        "times_s": times})
+        print_table(f"decode step, cpu, {results[-1]['dtype']}, q and k {tuple(shape)}, {steps} steps per sample  "
+                    f"[{results[-1]['rounds']} interleaved rounds]",
+                    ["contender", "us_per_step", "vs_transformers", "max_diff_vs_transformers"], rows)
     return results
 
 
@@ -350,6 +403,13 @@ def issue_table(report: dict) -> list:
                          "transformers eager": hf["fraction_of_copy"] if hf and "in-place" not in name else None,
                          "default vs transformers": round(1 / hf["vs_posenc"], 2) if hf and "in-place" not in name
                          else None})
+    for result in report.get("decode_cpu", []):
+        hf = row_of(result, "transformers")
+        for name in ("posenc (offset)", "posenc (position ids)"):
+            mine = row_of(result, name)
+            rows.append({"case": f"decode step {name[7:-1]}, {result['dtype']} {tuple(result['shape'])}, "
+                                 f"us per step (transformers {hf['us_per_step']})",
+                         "posenc default": mine["us_per_step"], "default vs transformers": mine["vs_transformers"]})
     for result in report.get("backward_cpu", []):
         mine, fused, hf = (row_of(result, n) for n in ("posenc", "posenc compiled", "transformers"))
         rows.append({"case": f"backward, {result['dtype']} {tuple(result['shape'])}, fraction of copy",
@@ -409,8 +469,8 @@ def main() -> int:
     parser.add_argument("--quick", action="store_true", help="small shapes, few rounds: a smoke test")
     parser.add_argument("--budget", type=float, default=None, help="seconds of timing per configuration")
     parser.add_argument("--output", type=Path, default=ROOT / "_build" / "bench.json")
-    parser.add_argument("--sections", default="forward,backward,precision,book,redraw",
-                        help="comma-separated subset of forward,backward,precision,book,redraw")
+    parser.add_argument("--sections", default="forward,decode,backward,precision,book,redraw",
+                        help="comma-separated subset of forward,decode,backward,precision,book,redraw")
     parser.add_argument("--redraw-logs", type=Path, default=ROOT / "_build" / "redraw",
                         help="where the per-chapter redraw logs are kept")
     args = parser.parse_args()
@@ -430,7 +490,9 @@ def main() -> int:
         report["forward_cpu"] = forward_section(cpu, shapes, budget, available)
     if "backward" in sections:
         report["backward_cpu"] = backward_section(shapes, budget, available)
-    if {"forward", "backward"} & sections:
+    if "decode" in sections:
+        report["decode_cpu"] = decode_section(budget / 2, available)
+    if {"forward", "backward", "decode"} & sections:
         report["summary"] = issue_table(report)
     if "precision" in sections:
         report["precision_bf16"] = precision_section(available, 4097 if args.quick else PRECISION_POSITIONS)

@@ -44,7 +44,7 @@ from .encodings import KINDS, NoPE, PositionalEncoding
 from .attention import attention, causal_mask, merge_heads, self_attention, split_heads
 from .embeddings import load_embeddings
 from .rope_frequencies import ROPE_FREQUENCY_FUNCTIONS, ROPE_TYPES, check_rope_parameters, rope_frequencies
-from .rope import (RotaryEmbedding, apply_rope, apply_rope_, interleaved_to_half_permutation, pair_indices,
+from .rope import (RotaryEmbedding, apply_rope, apply_rope_, apply_rope_qk, interleaved_to_half_permutation, pair_indices,
                    permute_qk_weight, rope_angles, rope_cos_sin, rope_matrix, rotate)
 from .alibi import ALiBi, alibi_bias, alibi_slopes
 from .nd_rope import NDRoPE
@@ -61,7 +61,7 @@ __all__ = [
     "load_embeddings",
     # RoPE (chapters 5 and 6)
     "ROPE_TYPES", "ROPE_FREQUENCY_FUNCTIONS", "check_rope_parameters", "rope_frequencies", "pair_indices",
-    "rope_angles", "rope_cos_sin", "apply_rope", "apply_rope_", "rotate", "rope_matrix",
+    "rope_angles", "rope_cos_sin", "apply_rope", "apply_rope_qk", "apply_rope_", "rotate", "rope_matrix",
     "interleaved_to_half_permutation", "permute_qk_weight",
     # ALiBi
     "alibi_slopes", "alibi_bias",

@@ -1,8 +1,10 @@
 """Argument checks shared by every module, one per kind of argument; each raises ValueError or TypeError naming
 the argument.
 
-* whole numbers and sizes: :func:`require_int`, :func:`check_head_dim`, :func:`require_positive_number`;
-* tensors: :func:`require_tensor`;
+* whole numbers and sizes: :func:`require_int`, :func:`check_head_dim`, :func:`require_positive_number` (Python
+  and numpy numbers alike);
+* tensors: :func:`require_tensor`, :func:`require_real_floating` (what RoPE rotates);
+* the sequence axis of a ``(B, H, T, D)`` or ``(B, T, H, D)`` tensor: :func:`check_seq_dim`;
 * positions and times: :func:`as_positions` (``(L,)`` or ``(B, L)``), :func:`as_coordinates` (``(L, n)`` or
   ``(B, L, n)``), :func:`check_times` (any shape, a number allowed), :func:`as_float64` (real values as float64);
 * frequency tables: :func:`check_inv_freq`;
@@ -12,6 +14,8 @@ the argument.
 from __future__ import annotations
 
 import math
+import numbers
+import operator
 
 import torch
 
@@ -25,9 +29,22 @@ def require_tensor(name: str, value) -> torch.Tensor:
     return value
 
 
+def require_real_floating(name: str, value) -> torch.Tensor:
+    """A tensor of real floating-point numbers (float16, bfloat16, float32, float64): integer, bool and complex
+    tensors are refused (a rotation of integers would be rounded away, a complex one would lose its imaginary part)."""
+    require_tensor(name, value)
+    if not value.is_floating_point():
+        raise TypeError(f"{name} must be a real floating-point tensor (float16, bfloat16, float32 or float64), "
+                        f"got dtype {value.dtype}")
+    return value
+
+
 def require_int(name: str, value, *, minimum: int | None = None, even: bool = False) -> int:
-    if isinstance(value, bool) or not isinstance(value, int):
+    """A whole number: a Python int or a numpy integer (returned as an int); bools are refused."""
+    if isinstance(value, bool) or not isinstance(value, (int, numbers.Integral)):
         raise TypeError(f"{name} must be an int, got {type(value).__name__}")
+    if not isinstance(value, int):  # numpy integers (registered as numbers.Integral); a SymInt stays as it is
+        value = operator.index(value)
     if minimum is not None and value < minimum:
         raise ValueError(f"{name} must be >= {minimum}, got {value}")
     if even and value % 2:
@@ -41,11 +58,27 @@ def check_head_dim(head_dim, name: str = "head_dim") -> int:
 
 
 def require_positive_number(name: str, value) -> float:
-    if isinstance(value, bool) or not isinstance(value, (int, float)):
+    if isinstance(value, bool) or not isinstance(value, (int, float, numbers.Real)):
         raise TypeError(f"{name} must be a real number, got {type(value).__name__}")
     if not math.isfinite(value) or value <= 0:
         raise ValueError(f"{name} must be a finite number > 0, got {value}")
     return float(value)
+
+
+#: The sequence axes RoPE accepts: -2 for ``(..., H, T, D)`` (heads first, transformers' layout), -3 for
+#: ``(..., T, H, D)`` (sequence first, flash-attn's and torchtune's layout).
+SEQ_DIMS = (-2, -3)
+
+
+def check_seq_dim(seq_dim, ndim: int, name: str = "seq_dim") -> int:
+    """The sequence axis of a tensor with ``ndim`` dims, as a negative index: -2 or -3 (or their non-negative
+    spellings ``ndim - 2``, ``ndim - 3``)."""
+    given = require_int(name, seq_dim)
+    axis = given - ndim if given >= 0 else given
+    if axis not in SEQ_DIMS or ndim < -axis:
+        raise ValueError(f"{name} must be -2 (x of shape (..., H, T, D)) or -3 (x of shape (..., T, H, D), which "
+                         f"needs 3 or more dims), got {given} for a tensor with {ndim} dims")
+    return axis
 
 
 def check_layout(layout: str, name: str = "layout") -> str:
@@ -59,6 +92,13 @@ def _inspectable(tensor: torch.Tensor) -> bool:
     return tensor.device.type != "meta" and not torch.compiler.is_compiling()
 
 
+def _readable_per_call(tensor: torch.Tensor) -> bool:
+    """Whether a check that runs on every call (the finiteness of positions) may read values: in eager calls on the
+    CPU only. Reading a value back from an accelerator stalls it until its queue drains (a host sync), ``meta``
+    tensors have no values, and a traced graph (``torch.compile``, ``torch.export``) cannot branch on them."""
+    return tensor.device.type == "cpu" and not torch.compiler.is_compiling()
+
+
 def _real_values(name: str, values, device, what: str = "integer or real numbers") -> torch.Tensor:
     """A list, tuple, range or tensor of integer or real numbers as a tensor; floats must be finite."""
     if isinstance(values, (list, tuple, range)):
@@ -66,7 +106,7 @@ def _real_values(name: str, values, device, what: str = "integer or real numbers
     require_tensor(name, values)
     if values.dtype == torch.bool or values.is_complex():
         raise TypeError(f"{name} must hold {what}, got dtype {values.dtype}")
-    if values.is_floating_point() and _inspectable(values) and not bool(torch.isfinite(values).all()):
+    if values.is_floating_point() and _readable_per_call(values) and not bool(torch.isfinite(values).all()):
         raise ValueError(f"{name} must be finite; it contains NaN or infinity")
     return values
 
@@ -74,7 +114,8 @@ def _real_values(name: str, values, device, what: str = "integer or real numbers
 def as_positions(name: str, positions, *, device=None, max_ndim: int = 2) -> torch.Tensor:
     """Turn ``positions`` into a tensor of shape ``(L,)`` or ``(B, L)`` and check it is finite.
 
-    Integer and real positions are both accepted (continuous time is allowed).
+    Integer and real positions are both accepted (continuous time is allowed). The shape and dtype are checked
+    everywhere; the finiteness of real positions only in eager calls on the CPU (see :func:`_readable_per_call`).
     """
     positions = _real_values(name, positions, device)
     if positions.ndim == 0 or positions.ndim > max_ndim:

@@ -15,6 +15,9 @@ computing exactly that formula, chosen per call by :class:`RotationEngine`:
   rounded once at the end). In place, ``t`` is taken before ``x`` is overwritten, so ``x`` is read and written
   once per block.
   Each pass runs over a whole block, so torch spreads it over its intra-op threads.
+* below :data:`KERNEL_MIN_NUMEL` elements, with no gradient to record (a decode step), the formula's products and
+  sums written by ``out=`` into the two halves of one output (:meth:`RotationEngine.rotate_small`): the formula's
+  arithmetic without its ``cat``, one operation fewer where operations, not memory, are the cost;
 * a custom autograd function around the blocked kernel: the gradient of a rotation is the rotation by the
   opposite angle, so the backward pass is the same fast kernel;
 * ``torch.compile`` of the formula (``compiled=True``): one fused loop that reads ``x`` once and writes once.
@@ -103,16 +106,43 @@ class RotationEngine:
     def kernel_fits(self, x, cos, sin) -> bool:
         """Whether the blocked kernel computes what the formula does: a large real x that keeps its shape, no
         traced or functorch-wrapped tensors, no gradient wanted for the tables."""
-        return (x.numel() >= KERNEL_MIN_NUMEL and x.is_floating_point() and tables_fit(x, cos)
-                and not torch.compiler.is_compiling() and not _functorch_active()
+        return self._eager_fits(x, cos, sin) and x.numel() >= KERNEL_MIN_NUMEL
+
+    def _eager_fits(self, x, cos, sin) -> bool:
+        # traced first: under torch.compile/export the sizes are symbolic, and testing them would add guards (an
+        # export constraint "T <= 511", a recompile when T crosses 512)
+        return (not torch.compiler.is_compiling() and not _functorch_active()
+                and x.is_floating_point() and tables_fit(x, cos)
                 and not (torch.is_grad_enabled() and (cos.requires_grad or sin.requires_grad)))
 
     def rotate_default(self, x, cos, sin, layout):
-        if not self.kernel_fits(x, cos, sin):
+        if not self._eager_fits(x, cos, sin):
             return self.formula(x, cos, sin, layout)
-        if torch.is_grad_enabled() and x.requires_grad:
-            return _Rotation.apply(x, cos, sin, layout, self)
-        return self.rotate_into(torch.empty_like(x), x, cos, sin, layout)
+        grad = torch.is_grad_enabled() and x.requires_grad
+        if x.numel() >= KERNEL_MIN_NUMEL:
+            if grad:
+                return _Rotation.apply(x, cos, sin, layout, self)
+            return self.rotate_into(torch.empty_like(x), x, cos, sin, layout)
+        if not grad and cos.dtype == sin.dtype == (x.dtype if x.dtype in (torch.float32, torch.float64)
+                                                   else torch.float32):
+            return self.rotate_small(x, cos, sin, layout)
+        return self.formula(x, cos, sin, layout)
+
+    def rotate_small(self, x, cos, sin, layout):
+        """The formula's arithmetic (``x1 cos - x2 sin``, ``x2 cos + x1 sin``: each product rounded in the working
+        dtype, then the sum, rounded once to ``x.dtype`` as it is stored) written straight into the halves of one
+        output: no ``cat``, and no widened copy of a bf16 or fp16 ``x`` (the products promote it). For small eager
+        inputs, such as a decode step, where the cost is the number of operations rather than memory."""
+        half = cos.shape[-1]
+        rotary = 2 * half
+        out = torch.empty_like(x)
+        x1, x2 = self.pairs(x, half, layout)
+        o1, o2 = self.pairs(out, half, layout)
+        torch.sub(x1 * cos, x2 * sin, out=o1)
+        torch.add(x2 * cos, x1 * sin, out=o2)
+        if x.shape[-1] > rotary:  # the features that do not rotate pass through
+            out[..., rotary:].copy_(x[..., rotary:])
+        return out
 
     def kernel_fits_in_place(self, x, cos, sin) -> bool:
         """:meth:`kernel_fits`, and autograd has nothing to record for ``x`` (the kernel writes it directly)."""

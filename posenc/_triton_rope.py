@@ -198,6 +198,36 @@ def rope_qk(q: torch.Tensor, k: torch.Tensor, cos: torch.Tensor, sin: torch.Tens
     return q_out.reshape(q.shape), k_out.reshape(k.shape)
 
 
+def _no_heads(x4: torch.Tensor) -> torch.Tensor:
+    return x4[:, :0]
+
+
+def rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, layout: str = "half", seq_dim: int = -2,
+         conjugate: bool = False) -> torch.Tensor:
+    """One tensor, out of place: :func:`rope_qk` with no keys (the launch covers ``x``'s heads only)."""
+    cos, sin = _tables(cos, sin)
+    x4 = _as_heads_first(x, seq_dim)
+    out, _ = _rope_qk_op(x4, _no_heads(x4), cos, sin, layout == "interleaved", conjugate)
+    return (out.transpose(-2, -3) if seq_dim == -3 else out).reshape(x.shape)
+
+
+def rope_(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, layout: str = "half", seq_dim: int = -2,
+          conjugate: bool = False) -> torch.Tensor:
+    """One tensor, in place."""
+    cos, sin = _tables(cos, sin)
+    x4 = _as_heads_first(x, seq_dim)
+    _rope_qk_inplace_op(x4, _no_heads(x4), cos, sin, layout == "interleaved", conjugate)
+    return x
+
+
+def supports(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> bool:
+    """Shapes the kernel takes: ``x`` at most 4-D, tables ``(T, R/2)`` or ``(B or 1, T, R/2)`` matching ``x``'s batch,
+    and tables that need no gradient (the kernel differentiates ``x`` only; learned frequencies take the formula)."""
+    if x.ndim > 4 or cos.ndim not in (2, 3) or cos.requires_grad or sin.requires_grad:
+        return False
+    return cos.ndim == 2 or (x.ndim == 4 and cos.shape[0] in (1, x.shape[0]))
+
+
 def rope_qk_(q: torch.Tensor, k: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, layout: str = "half",
              seq_dim: int = -2, conjugate: bool = False) -> tuple[torch.Tensor, torch.Tensor]:
     """:func:`rope_qk` in place: ``q`` and ``k`` are overwritten (through views, whatever their strides) and

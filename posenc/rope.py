@@ -16,7 +16,11 @@ Layouts. Pair ``i`` of a ``D``-vector is
 Angles, cos and sin are always float32, whatever the dtype of ``x``; the rotation of a bf16 or fp16 input
 is carried out in float32 and rounded once at the end.
 
-Speed. The rotation is written once, as the formula :func:`_rotation_formula` (bit for bit transformers'
+GPU. On CUDA the rotation is one fused Triton kernel (:mod:`posenc._triton_rope`: q and k in one launch, float32
+math, strides not copies, a ``torch.library`` custom op that ``torch.compile`` and ``torch.export`` keep as one
+node), whenever Triton imports and ``POSENC_KERNEL`` is not ``formula``; tables that need a gradient take the formula.
+
+Speed (CPU). The rotation is written once, as the formula :func:`_rotation_formula` (bit for bit transformers'
 ``q * cos + rotate_half(q) * sin``). On a large input :func:`apply_rope` computes that same formula with the
 blocked out= kernels of :mod:`posenc._rope_kernels` (all passes of the rotation over one cache-sized block at
 a time; same values and gradients, bit for bit). ``compiled=True`` fuses the formula into one ``torch.compile``
@@ -28,7 +32,8 @@ from __future__ import annotations
 
 import torch
 
-from ._checks import LAYOUTS, as_positions, check_head_dim, check_inv_freq, check_layout, require_int, require_tensor
+from ._checks import (LAYOUTS, as_positions, check_head_dim, check_inv_freq, check_layout, check_seq_dim, require_int,
+                      require_real_floating, require_tensor)
 from ._rope_kernels import RotationEngine, tables_fit
 from .encodings import PositionalEncoding
 from .rope_frequencies import ROPE_TYPES, check_rope_parameters, rope_frequencies
@@ -68,32 +73,61 @@ def rope_cos_sin(positions, inv_freq: torch.Tensor, attention_factor: float = 1.
     return angles.cos() * attention_factor, angles.sin() * attention_factor
 
 
-def _align_table(table: torch.Tensor, x: torch.Tensor) -> torch.Tensor:
-    # (B, L, R/2) tables meet (B, H, L, D) inputs: insert the head axes after the batch axis.
-    while table.ndim < x.ndim and table.ndim >= 3:
-        table = table.unsqueeze(1)
-    return table
+def _align_table(table: torch.Tensor, x: torch.Tensor, axis: int = -2) -> torch.Tensor:
+    """A table ``(L, R/2)`` or ``(B, L, R/2)`` as a view that broadcasts against ``x`` whose
+    sequence axis is ``axis`` (-2 or -3): batch axes first, then ones, ``L`` on the sequence axis, ones after it
+    (the head axis of ``(B, T, H, D)``). A table with ``x.ndim`` dims is taken as already aligned."""
+    ndim = x.ndim
+    batch = table.ndim - 2
+    if table.ndim == ndim or (batch == 0 and axis == -2):
+        return table
+    ones_before = ndim + axis - batch
+    shape = (*table.shape[:batch], *(1,) * ones_before, table.shape[-2], *(1,) * (-axis - 2), table.shape[-1])
+    return table.view(shape)
 
 
-def _check_apply(x, cos, sin):
-    require_tensor("x", x)
+def _sequence_length_message(what: str, length: int, x_name: str, x, axis: int) -> str:
+    message = (f"{what} {length} positions but {x_name} {tuple(x.shape)} has sequence length {x.shape[axis]} on "
+               f"axis seq_dim={axis}")
+    other = -3 if axis == -2 else -2
+    if x.ndim >= 3 and x.shape[other] == length:
+        layout = "(B, T, H, D)" if other == -3 else "(B, H, T, D)"
+        message += f"; axis {other} of {x_name} has length {length}: for a {layout} tensor pass seq_dim={other}"
+    return message
+
+
+def _check_apply(x, cos, sin, seq_dim, name: str = "x") -> int:
+    """Check ``x`` against its tables; return the sequence axis (-2 or -3)."""
+    require_real_floating(name, x)
     require_tensor("cos", cos)
     require_tensor("sin", sin)
     if cos.shape != sin.shape:
         raise ValueError(f"cos and sin must have the same shape, got {tuple(cos.shape)} and {tuple(sin.shape)}")
     if x.ndim < 2:
-        raise ValueError(f"x must have shape (..., L, D), got shape {tuple(x.shape)}")
+        raise ValueError(f"{name} must have shape (..., T, D), got shape {tuple(x.shape)}")
+    axis = -2 if seq_dim is None else check_seq_dim(seq_dim, x.ndim)
     if cos.ndim < 2 or cos.ndim > x.ndim:
-        raise ValueError(f"cos must have shape (L, R/2) or (B, L, R/2), got {tuple(cos.shape)} for x {tuple(x.shape)}")
+        raise ValueError(f"cos must have shape (T, R/2) or (B, T, R/2), got {tuple(cos.shape)} for {name} "
+                         f"{tuple(x.shape)}")
     rotary_dim, head_dim = 2 * cos.shape[-1], x.shape[-1]
     if head_dim % 2:
-        raise ValueError(f"the head dimension of x (last axis) must be even, got {head_dim}")
+        raise ValueError(f"the head dimension of {name} (last axis) must be even, got {head_dim}")
     if rotary_dim > head_dim:
-        raise ValueError(
-            f"cos/sin cover {rotary_dim} features but x has head dimension {head_dim}; expected 2 * cos.shape[-1] <= D"
-        )
-    if cos.shape[-2] != x.shape[-2]:
-        raise ValueError(f"cos/sin have {cos.shape[-2]} positions but x has sequence length {x.shape[-2]}")
+        raise ValueError(f"cos/sin cover {rotary_dim} features but {name} has head dimension {head_dim}; expected "
+                         f"2 * cos.shape[-1] <= D")
+    aligned = cos.ndim == x.ndim
+    length = cos.shape[axis] if aligned else cos.shape[-2]
+    if length != x.shape[axis]:
+        raise ValueError(_sequence_length_message("cos/sin have", length, name, x, axis))
+    if not aligned and cos.ndim - 2 > x.ndim + axis:
+        raise ValueError(f"cos/sin {tuple(cos.shape)} have batch axes but {name} {tuple(x.shape)} has none before "
+                         f"its sequence axis seq_dim={axis}")
+    if seq_dim is None and x.ndim >= 4 and not aligned and not torch.compiler.is_compiling():
+        if length > 1 and x.shape[-3] == length:
+            raise ValueError(f"ambiguous sequence axis: cos/sin have {length} positions and both axis -2 and axis -3 "
+                             f"of {name} {tuple(x.shape)} have length {length}; pass seq_dim=-2 for a (B, H, T, D) "
+                             f"tensor or seq_dim=-3 for a (B, T, H, D) tensor")
+    return axis
 
 
 def _pairs(t: torch.Tensor, half: int, layout: str):
@@ -105,11 +139,13 @@ def _pairs(t: torch.Tensor, half: int, layout: str):
 def _rotation_formula(x, cos, sin, layout):
     """The reference rotation: differentiable, traceable, and what ``compiled=True`` fuses into one pass."""
     half = cos.shape[-1]
-    work = x if x.dtype in (torch.float32, torch.float64) else x.float()
+    wide = x.dtype in (torch.float32, torch.float64)
+    work = x if wide else x.float()
     x1, x2 = _pairs(work, half, layout)
-    # each half is rounded to x.dtype before it is joined: inductor then writes both halves in one loop
-    first = (x1 * cos - x2 * sin).to(x.dtype)
-    second = (x2 * cos + x1 * sin).to(x.dtype)
+    first = x1 * cos - x2 * sin
+    second = x2 * cos + x1 * sin
+    if first.dtype != x.dtype:  # each half is rounded to x.dtype before it is joined: inductor then writes both
+        first, second = first.to(x.dtype), second.to(x.dtype)  # halves in one loop
     if layout == "half":
         rotated = torch.cat((first, second), dim=-1)
     else:
@@ -124,34 +160,86 @@ def _rotation_formula(x, cos, sin, layout):
 _ENGINE = RotationEngine(_rotation_formula, _pairs)
 
 
-def _prepare(x, cos, sin, layout):
+def _use_triton(x: torch.Tensor) -> bool:
+    """CUDA inputs take the fused Triton kernel of :mod:`posenc._triton_rope` (imported only then), unless Triton is
+    missing or ``POSENC_KERNEL=formula``; decided from the device alone, so no value is read on the host."""
+    if x.device.type != "cuda":
+        return False
+    from . import _triton_rope
+
+    return _triton_rope.use_triton(x)
+
+
+def _triton():
+    from . import _triton_rope
+
+    return _triton_rope
+
+
+def _prepare(x, cos, sin, layout, seq_dim, name="x"):
     check_layout(layout)
-    _check_apply(x, cos, sin)
-    return _align_table(cos, x), _align_table(sin, x)
+    axis = _check_apply(x, cos, sin, seq_dim, name)
+    return _align_table(cos, x, axis), _align_table(sin, x, axis)
 
 
 def apply_rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, layout: str = "half", *,
-               compiled: bool = False) -> torch.Tensor:
+               seq_dim: int | None = None, compiled: bool = False) -> torch.Tensor:
     """Rotate each feature pair of ``x`` by its angle.
 
-    ``x``: ``(..., L, D)``; ``cos``, ``sin``: ``(L, R/2)`` or ``(B, L, R/2)`` with ``R <= D``.
-    Returns a tensor shaped and typed like ``x``. ``compiled=True`` runs a ``torch.compile``-fused kernel (one
+    ``x``: ``(B, H, T, D)`` with ``seq_dim=-2`` (the default) or ``(B, T, H, D)`` with ``seq_dim=-3`` (any
+    number of leading axes); ``cos``, ``sin``: ``(T, R/2)`` or ``(B, T, R/2)`` with ``R <= D`` (the first ``R``
+    features rotate, the rest pass through). ``x`` must be real floating point (TypeError otherwise).
+    Returns a tensor shaped and typed like ``x``.
+
+    Left unset, ``seq_dim`` is -2, and a 4-D ``x`` whose axes -3 and -2 both have the tables' length ``T > 1`` is
+    refused as ambiguous (ValueError); tables whose length matches another axis than the sequence axis are
+    refused with the ``seq_dim`` that would fit. ``compiled=True`` runs a ``torch.compile``-fused kernel (one
     pass over memory; its first call in a process compiles for seconds, so it pays for large or repeated
     calls); it falls back to the eager kernel where compiling is not possible.
     """
-    cos, sin = _prepare(x, cos, sin, layout)
+    if _use_triton(x) and not compiled and _triton().supports(x, cos, sin):
+        check_layout(layout)
+        return _triton().rope(x, cos, sin, layout, _check_apply(x, cos, sin, seq_dim))
+    cos, sin = _prepare(x, cos, sin, layout, seq_dim)
     if compiled and not torch.compiler.is_compiling():
         return _ENGINE.compiled(x, cos, sin, layout)
     return _ENGINE.rotate_default(x, cos, sin, layout)
 
 
+def apply_rope_qk(q: torch.Tensor, k: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, layout: str = "half", *,
+                  seq_dim: int | None = None, compiled: bool = False) -> tuple[torch.Tensor, torch.Tensor]:
+    """:func:`apply_rope` of queries and keys with one set of tables, in one call: ``(q_rot, k_rot)``.
+
+    ``q``: ``(B, H, T, D)``, ``k``: ``(B, H_kv, T, D)`` (or ``(B, T, H, D)`` and ``(B, T, H_kv, D)`` with
+    ``seq_dim=-3``); the tables are checked and aligned once.
+    """
+    if (_use_triton(q) and not compiled and k.device == q.device and k.dtype == q.dtype and k.ndim == q.ndim
+            and _triton().supports(q, cos, sin)):
+        check_layout(layout)
+        axis = _check_apply(q, cos, sin, seq_dim, "q")
+        _check_apply(k, cos, sin, seq_dim, "k")
+        return _triton().rope_qk(q, k, cos, sin, layout, axis)
+    q_cos, q_sin = _prepare(q, cos, sin, layout, seq_dim, "q")
+    if k.ndim == q.ndim:
+        _check_apply(k, cos, sin, seq_dim, "k")
+        k_cos, k_sin = q_cos, q_sin
+    else:
+        k_cos, k_sin = _prepare(k, cos, sin, layout, seq_dim, "k")
+    if compiled and not torch.compiler.is_compiling():
+        return _ENGINE.compiled(q, q_cos, q_sin, layout), _ENGINE.compiled(k, k_cos, k_sin, layout)
+    return _ENGINE.rotate_default(q, q_cos, q_sin, layout), _ENGINE.rotate_default(k, k_cos, k_sin, layout)
+
+
 def apply_rope_(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, layout: str = "half", *,
-                compiled: bool = False) -> torch.Tensor:
+                seq_dim: int | None = None, compiled: bool = False) -> torch.Tensor:
     """:func:`apply_rope` in place: overwrite ``x`` with its rotation and return ``x``.
 
     ``cos`` and ``sin`` must broadcast to ``x`` (not the other way round). Autograd sees an in-place copy.
     """
-    cos, sin = _prepare(x, cos, sin, layout)
+    if _use_triton(x) and not compiled and _triton().supports(x, cos, sin):
+        check_layout(layout)
+        return _triton().rope_(x, cos, sin, layout, _check_apply(x, cos, sin, seq_dim))
+    cos, sin = _prepare(x, cos, sin, layout, seq_dim)
     if not tables_fit(x, cos):
         raise ValueError(f"cos/sin of shape {tuple(cos.shape)} do not broadcast to x of shape {tuple(x.shape)}; "
                          "apply_rope_ cannot grow x in place")
@@ -160,20 +248,35 @@ def apply_rope_(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, layout: s
     return _ENGINE.rotate_in_place(x, cos, sin, layout)
 
 
-def rotate(x, positions=None, inv_freq=None, attention_factor: float = 1.0, layout: str = "half", offset=0):
-    """RoPE in one call: ``x`` ``(..., L, D)`` rotated at ``positions`` (default ``offset + arange(L)``).
+def rotate(x, positions=None, inv_freq=None, attention_factor: float = 1.0, layout: str = "half", offset=0, *,
+           seq_dim: int | None = None):
+    """RoPE in one call: ``x`` ``(..., T, D)`` (or ``(..., T, H, D)`` with ``seq_dim=-3``) rotated at
+    ``positions`` (``(T,)`` or ``(B, T)``; default ``offset + arange(T)``).
 
     ``inv_freq`` defaults to the original RoPE frequencies (base 10000) for the whole head dimension.
     """
-    require_tensor("x", x)
+    require_real_floating("x", x)
+    axis = -2 if seq_dim is None else check_seq_dim(seq_dim, x.ndim)
     if inv_freq is None:
         inv_freq, _ = rope_frequencies(x.shape[-1], device=x.device)
     if positions is None:
-        positions = torch.arange(x.shape[-2], device=x.device) + offset
-    elif offset != 0:
-        positions = as_positions("positions", positions, device=x.device) + offset
+        positions = torch.arange(x.shape[axis], device=x.device) + offset
+    else:
+        positions = as_positions("positions", positions, device=x.device)
+        _check_positions(positions, x, axis)
+        if not (isinstance(offset, int) and offset == 0):
+            positions = positions + offset
     cos, sin = rope_cos_sin(positions, inv_freq.to(x.device), attention_factor)
-    return apply_rope(x, cos, sin, layout)
+    return apply_rope(x, cos, sin, layout, seq_dim=seq_dim)
+
+
+def _check_positions(positions, x, axis, name="positions", x_name="x"):
+    if positions.shape[-1] != x.shape[axis]:
+        raise ValueError(_sequence_length_message(f"{name} {tuple(positions.shape)} hold", positions.shape[-1],
+                                                  x_name, x, axis))
+    if positions.ndim == 2 and x.ndim + axis >= 1 and positions.shape[0] not in (1, x.shape[0]):
+        raise ValueError(f"{name} {tuple(positions.shape)} have batch size {positions.shape[0]} but {x_name} "
+                         f"{tuple(x.shape)} has batch size {x.shape[0]} on axis 0")
 
 
 def rope_matrix(position: float, inv_freq: torch.Tensor, layout: str = "half", head_dim: int | None = None):
@@ -217,68 +320,159 @@ def permute_qk_weight(weight: torch.Tensor, n_heads: int, to: str = "half") -> t
     return per_head[:, perm].reshape(weight.shape)
 
 
+#: Positions up to which explicit CPU positions may read :class:`RotaryEmbedding`'s cached tables (or up to
+#: ``max_position_embeddings`` when that is larger): the cache never grows past it for them.
+CACHE_LIMIT = 1 << 16
+
+
 class RotaryEmbedding(PositionalEncoding):
     """RoPE for a model, and RoPE's "qk" plug-in for :func:`posenc.attention`.
 
-    ``forward(q, k, positions=None, offset=0) -> (q_rot, k_rot)`` with ``q``: ``(B, H, L, D)``, ``k``:
-    ``(B, H_kv, L, D)``; ``positions``: ``(L,)`` or ``(B, L)``, default ``offset + arange(L)`` (``offset`` is the
-    number of tokens already in a KV cache). ``encode_qk(q, k, q_positions, k_positions)`` rotates queries and keys
-    at their own positions (the plug-in protocol of :mod:`posenc.encodings`). ``compiled=True`` rotates with the
-    fused kernel of :func:`apply_rope`.
+    ``forward(q, k, positions=None, offset=0, *, seq_dim=None) -> (q_rot, k_rot)`` with ``q``: ``(B, H, T, D)``
+    and ``k``: ``(B, H_kv, T, D)``, or ``(B, T, H, D)`` and ``(B, T, H_kv, D)`` with ``seq_dim=-3`` (given here
+    or once to the constructor); ``positions``: ``(T,)`` or ``(B, T)``, default ``offset + arange(T)``
+    (``offset``: the number of tokens already in a KV cache). ``encode_qk(q, k, q_positions, k_positions)``
+    rotates queries and keys at their own positions; it is the plug-in protocol of :mod:`posenc.encodings`,
+    whose tensors are always ``(B, H, T, D)``. ``compiled=True`` rotates with the fused kernel of
+    :func:`apply_rope`.
+
+    Dtypes: ``inv_freq`` and the cos/sin tables stay float32 whatever ``.to(dtype)``, ``.half()`` or
+    ``.bfloat16()`` does to the module; the outputs have the inputs' dtype.
+
+    Tables. For the rope types whose table does not depend on the length, the tables of the default positions
+    ``offset + arange(T)`` are cut from a cache of ``cos``/``sin`` rows ``(N, R/2)`` (``N`` a power of two,
+    grown when ``offset + T`` passes it), rebuilt when ``inv_freq`` changes (device, dtype, values); explicit
+    ``positions`` read the cache too on the CPU in eager calls when every row is a run ``p0, p0 + 1, ...`` of
+    integers (a decode step's ``(B, 1)`` position ids); other positions, accelerators and traced calls
+    (``torch.compile``, ``torch.export``) compute their tables directly. The cached rows are the direct
+    computation's numbers (tests/test_library_use.py).
+    Dynamic NTK and LongRoPE pick their table from ``seq_len``: the declared ``offset + T`` for default positions,
+    otherwise ``max(positions) + 1`` as a tensor (no host sync, traceable).
+
+    What is checked where: shapes, dtypes and the sequence axis on every call (free of host syncs); the
+    finiteness of float positions only in eager calls on the CPU (reading values back from an accelerator would
+    stall it, and a traced graph cannot branch on values); the ambiguity of an unset ``seq_dim`` only in eager
+    calls.
     """
 
     kind = "qk"
     _fixed_dtype_buffers = ("inv_freq",)
 
     def __init__(self, head_dim: int, rope_parameters: dict | None = None, max_position_embeddings: int = 2048,
-                 layout: str = "half", compiled: bool = False):
+                 layout: str = "half", compiled: bool = False, seq_dim: int | None = None):
         super().__init__()
-        self.head_dim, self.layout, self.compiled = head_dim, check_layout(layout), compiled
+        head_dim = check_head_dim(head_dim)
+        max_position_embeddings = require_int("max_position_embeddings", max_position_embeddings, minimum=1)
+        if seq_dim is not None:
+            seq_dim = require_int("seq_dim", seq_dim)
+            if seq_dim not in (-2, -3):
+                raise ValueError(f"seq_dim must be -2 ((B, H, T, D) inputs) or -3 ((B, T, H, D) inputs), got {seq_dim}")
+        self.head_dim, self.layout, self.compiled, self.seq_dim = head_dim, check_layout(layout), compiled, seq_dim
         self.rope_parameters = check_rope_parameters(rope_parameters)  # legacy "type" becomes "rope_type"
         self.max_position_embeddings = max_position_embeddings
+        self._uses_seq_len = ROPE_TYPES[self.rope_parameters["rope_type"]].uses_seq_len
         inv_freq, self.attention_factor = rope_frequencies(head_dim, self.rope_parameters, max_position_embeddings)
         self.register_buffer("inv_freq", inv_freq, persistent=False)
+        self._table_cache = None  # (key, cos (N, R/2), sin (N, R/2)) for the static rope types
 
-    def _frequencies_for(self, positions: torch.Tensor, seq_len: int | None = None):
+    def _frequencies_for(self, positions: torch.Tensor, seq_len=None):
         # dynamic NTK and LongRoPE pick their table from the length actually reached
-        if ROPE_TYPES[self.rope_parameters["rope_type"]].uses_seq_len:
-            if seq_len is None:  # read back from the positions: a device sync, impossible on meta tensors
-                seq_len = int(positions.max()) + 1
+        if self._uses_seq_len:
+            if torch.compiler.is_compiling() or not isinstance(seq_len, int):
+                # none declared (or a traced length): the longest position, as a tensor on the device
+                top = positions.max()
+                seq_len = (top.floor() if top.is_floating_point() else top).to(torch.int64) + 1
             return rope_frequencies(self.head_dim, self.rope_parameters, self.max_position_embeddings,
                                     seq_len=seq_len, device=self.inv_freq.device)
         return self.inv_freq, self.attention_factor
 
-    def cos_sin(self, positions, seq_len: int | None = None):
-        """Tables for ``positions``; ``seq_len`` (default ``max(positions) + 1``) picks dynamic/LongRoPE frequencies."""
-        positions = as_positions("positions", positions, device=self.inv_freq.device)
-        inv_freq, attention_factor = self._frequencies_for(positions, seq_len)
-        return rope_cos_sin(positions, inv_freq, attention_factor)
+    def cos_sin(self, positions, seq_len=None):
+        """Tables ``(cos, sin)``, each ``(*P, T, R/2)`` float32, for ``positions`` ``(*P, T)``; ``seq_len`` (an int
+        or a 0-d integer tensor; default ``max(positions) + 1``) picks the dynamic NTK and LongRoPE tables."""
+        return self._cos_sin(as_positions("positions", positions, device=self.inv_freq.device), seq_len)
 
-    def forward(self, q: torch.Tensor, k: torch.Tensor, positions=None, offset: int = 0):
-        require_tensor("q", q)
-        require_tensor("k", k)
+    def _cos_sin(self, positions, seq_len=None):
+        # positions already checked: rope_cos_sin's arithmetic without its checks (a decode step pays them per call)
+        inv_freq, attention_factor = self._frequencies_for(positions, seq_len)
+        angles = positions[..., None].to(device=inv_freq.device, dtype=torch.float32) * inv_freq.float()
+        if attention_factor == 1.0:
+            return angles.cos(), angles.sin()
+        return angles.cos() * attention_factor, angles.sin() * attention_factor
+
+    def _cached_cos_sin(self, offset: int, length: int):
+        """Rows ``offset .. offset + length - 1`` of the cached tables (views): no host sync."""
+        inv_freq = self.inv_freq
+        key = (inv_freq.device, inv_freq.dtype, inv_freq.data_ptr(), inv_freq._version, self.attention_factor)
+        end = offset + length
+        cache = self._table_cache
+        if cache is None or cache[0] != key or cache[1].shape[0] < end:
+            size = 1 << max(6, (end - 1).bit_length())  # a power of two >= 64: growth is amortised
+            cos, sin = rope_cos_sin(torch.arange(size, device=inv_freq.device), inv_freq, self.attention_factor)
+            cache = self._table_cache = (key, cos, sin)
+        return cache[1][offset:end], cache[2][offset:end]
+
+    def _tables(self, x, axis, positions, offset):
+        """``(cos, sin)`` for ``x`` with sequence axis ``axis``."""
+        length = x.shape[axis]
+        if positions is None:
+            static_offset = isinstance(offset, int) and isinstance(length, int) and offset >= 0
+            if static_offset and not self._uses_seq_len and not torch.compiler.is_compiling() and \
+                    x.device == self.inv_freq.device:
+                return self._cached_cos_sin(offset, length)
+            positions = torch.arange(length, device=self.inv_freq.device) + offset
+            return self._cos_sin(positions, offset + length if isinstance(offset, int) else None)
+        positions = as_positions("positions", positions, device=self.inv_freq.device)
+        _check_positions(positions, x, axis, x_name="q")
+        if not (isinstance(offset, int) and offset == 0):
+            positions = positions + offset
+        start = self._cached_run(positions, x)
+        if start is not None:
+            return self._cached_cos_sin(start, length)
+        return self._cos_sin(positions)
+
+    def _cached_run(self, positions, x):
+        """``p0`` when every row of integer ``positions`` is ``p0, p0 + 1, ...`` (a decode step, a batch without
+        padding), so that the cache's rows serve; otherwise None. Only on the CPU in eager calls, where reading the
+        values costs no device sync, and only within :data:`CACHE_LIMIT` positions."""
+        if (self._uses_seq_len or positions.device.type != "cpu" or x.device != positions.device
+                or positions.is_floating_point() or torch.compiler.is_compiling() or positions.numel() == 0):
+            return None
+        rows = positions.reshape(-1, positions.shape[-1])
+        start, length = int(rows[0, 0]), rows.shape[-1]
+        if start < 0 or start + length > max(CACHE_LIMIT, self.max_position_embeddings):
+            return None
+        run = rows == start if length == 1 else rows == torch.arange(start, start + length)
+        return start if bool(run.all()) else None
+
+    def forward(self, q: torch.Tensor, k: torch.Tensor, positions=None, offset: int = 0, *,
+                seq_dim: int | None = None):
+        require_real_floating("q", q)
+        require_real_floating("k", k)
         for name, t in (("q", q), ("k", k)):
             if t.shape[-1] != self.head_dim:
                 raise ValueError(f"{name} must have head dimension {self.head_dim} (last axis), got {t.shape[-1]}")
-        seq_len = None
-        if positions is None:
-            positions = torch.arange(q.shape[-2], device=q.device) + offset
-            seq_len = offset + q.shape[-2]
-        elif offset:
-            positions = as_positions("positions", positions, device=q.device) + offset
-        cos, sin = self.cos_sin(positions, seq_len)
-        return (apply_rope(q, cos, sin, self.layout, compiled=self.compiled),
-                apply_rope(k, cos, sin, self.layout, compiled=self.compiled))
+        seq_dim = self.seq_dim if seq_dim is None else seq_dim
+        axis = -2 if seq_dim is None else check_seq_dim(seq_dim, q.ndim, "seq_dim")
+        if k.ndim == q.ndim and k.shape[axis] != q.shape[axis]:
+            message = (f"q {tuple(q.shape)} and k {tuple(k.shape)} must have the same length on the sequence axis "
+                       f"seq_dim={axis}")
+            other = -3 if axis == -2 else -2
+            if q.ndim >= 3 and k.shape[other] == q.shape[other]:
+                message += f"; they agree on axis {other}: if that is the sequence axis, pass seq_dim={other}"
+            raise ValueError(message)
+        cos, sin = self._tables(q, axis, positions, offset)
+        return apply_rope_qk(q, k, cos, sin, self.layout, seq_dim=seq_dim, compiled=self.compiled)
 
     def encode_qk(self, q, k, q_positions, k_positions):
         q_cos, q_sin = self.cos_sin(q_positions)
         k_cos, k_sin = self.cos_sin(k_positions)
-        return (apply_rope(q, q_cos, q_sin, self.layout, compiled=self.compiled),
-                apply_rope(k, k_cos, k_sin, self.layout, compiled=self.compiled))
+        return (apply_rope(q, q_cos, q_sin, self.layout, seq_dim=-2, compiled=self.compiled),
+                apply_rope(k, k_cos, k_sin, self.layout, seq_dim=-2, compiled=self.compiled))
 
     def extra_repr(self) -> str:
-        return f"head_dim={self.head_dim}, layout={self.layout!r}, rope_parameters={self.rope_parameters}"
+        seq = "" if self.seq_dim is None else f", seq_dim={self.seq_dim}"
+        return f"head_dim={self.head_dim}, layout={self.layout!r}, rope_parameters={self.rope_parameters}{seq}"
 
 
-__all__ = ["LAYOUTS", "pair_indices", "rope_angles", "rope_cos_sin", "apply_rope", "apply_rope_", "rotate", "rope_matrix",
+__all__ = ["LAYOUTS", "pair_indices", "rope_angles", "rope_cos_sin", "apply_rope", "apply_rope_qk", "apply_rope_", "rotate", "rope_matrix",
            "interleaved_to_half_permutation", "permute_qk_weight", "RotaryEmbedding"]

@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import difflib
 import math
+import numbers
 from dataclasses import dataclass
 from typing import Callable
 
@@ -53,7 +54,8 @@ def _rotary_dim(head_dim: int, rope_parameters: dict) -> int:
 
 def _geometric_inv_freq(base: float, dim: int, device) -> torch.Tensor:
     # theta_i = base^(-2i/dim), i = 0 .. dim/2 - 1, in float32 as transformers does
-    exponents = torch.arange(0, dim, 2, dtype=torch.int64).to(device=device, dtype=torch.float) / dim
+    # made on the device (not on the host and copied, as transformers does): the same integers, so the same table
+    exponents = torch.arange(0, dim, 2, dtype=torch.int64, device=device).float() / dim
     return 1.0 / (base**exponents)
 
 
@@ -79,6 +81,12 @@ def dynamic_frequencies(head_dim, rope_parameters, max_position_embeddings, seq_
     factor = _param(rope_parameters, "factor")
     base = rope_parameters.get("rope_theta", DEFAULT_THETA)
     dim = _rotary_dim(head_dim, rope_parameters)
+    if isinstance(seq_len, torch.Tensor):
+        # the same arithmetic on a 0-d float64 tensor (Python floats are doubles): no host sync, traceable, and
+        # the same table bit for bit (tests/test_library_use.py)
+        length = seq_len.to(device=device, dtype=torch.float64).clamp(min=max_position_embeddings)
+        scaled = base * ((factor * length / max_position_embeddings) - (factor - 1)) ** (dim / (dim - 2))
+        return _geometric_inv_freq(scaled.float(), dim, device), 1.0
     seq_len = max_position_embeddings if seq_len is None else max(int(seq_len), max_position_embeddings)
     base = base * ((factor * seq_len / max_position_embeddings) - (factor - 1)) ** (dim / (dim - 2))
     return _geometric_inv_freq(base, dim, device), 1.0
@@ -149,10 +157,14 @@ def longrope_frequencies(head_dim, rope_parameters, max_position_embeddings, seq
     attention_factor = rope_parameters.get("attention_factor")
     if attention_factor is None:
         attention_factor = 1.0 if factor <= 1.0 else math.sqrt(1 + math.log(factor) / math.log(original))
-    chosen = long_factor if seq_len and seq_len > original else short_factor
-    ext_factors = torch.tensor(chosen, dtype=torch.float32, device=device)
     exponents = torch.arange(0, dim, 2, dtype=torch.int64, device=device).float() / dim
-    return 1.0 / (ext_factors * base**exponents), attention_factor
+
+    def table(chosen):
+        return 1.0 / (torch.tensor(chosen, dtype=torch.float32, device=device) * base**exponents)
+
+    if isinstance(seq_len, torch.Tensor):  # both tables, picked on the device: no host sync, traceable
+        return torch.where(seq_len.to(device) > original, table(long_factor), table(short_factor)), attention_factor
+    return table(long_factor if seq_len and seq_len > original else short_factor), attention_factor
 
 
 def llama3_frequencies(head_dim, rope_parameters, max_position_embeddings, seq_len=None, device=None):
@@ -236,7 +248,7 @@ ROPE_FREQUENCY_FUNCTIONS: dict[str, RopeFrequencyFn] = {name: spec.function for 
 
 def _is_number(value) -> bool:
     # finite, written with comparisons rather than math.isfinite so that torch.compile can trace it
-    return not isinstance(value, bool) and isinstance(value, (int, float)) and -math.inf < value < math.inf
+    return not isinstance(value, bool) and isinstance(value, (int, float, numbers.Real)) and -math.inf < value < math.inf
 
 
 # What each key must hold, as (test, what was expected). None is accepted for optional keys (transformers reads
@@ -247,7 +259,7 @@ _VALUE_RULES: dict[str, tuple[Callable[[object], bool], str]] = {
     "factor": (lambda v: _is_number(v) and v >= 1, "a number >= 1"),
     "low_freq_factor": (lambda v: _is_number(v) and v > 0, "a number > 0"),
     "high_freq_factor": (lambda v: _is_number(v) and v > 0, "a number > 0"),
-    "original_max_position_embeddings": (lambda v: isinstance(v, int) and not isinstance(v, bool) and v >= 1,
+    "original_max_position_embeddings": (lambda v: isinstance(v, numbers.Integral) and not isinstance(v, bool) and v >= 1,
                                          "an int >= 1"),
     "attention_factor": (lambda v: _is_number(v) and v >= 0, "a number >= 0"),
     "beta_fast": (_is_number, "a number"),
@@ -329,13 +341,20 @@ def rope_frequencies(
 ) -> tuple[torch.Tensor, float]:
     """Look up ``rope_parameters['rope_type']`` (default ``"default"``) and compute its frequencies.
 
+    ``seq_len`` (dynamic NTK and LongRoPE only) is an int, or a 0-d integer tensor: then the table is computed
+    on the tensor's device without reading its value back (no host sync; traceable by ``torch.compile`` and
+    ``torch.export``), equal bit for bit to the table of the same int.
+
     ``rope_parameters`` is checked first (:func:`check_rope_parameters`). Returns ``(inv_freq,
     attention_factor)`` with ``inv_freq`` of shape ``(rotary_dim // 2,)``, float32.
     """
     check_head_dim(head_dim)
     require_int("max_position_embeddings", max_position_embeddings, minimum=1)
-    if seq_len is not None:
-        require_int("seq_len", seq_len, minimum=1)
+    if isinstance(seq_len, torch.Tensor):
+        if seq_len.ndim != 0 or seq_len.is_floating_point() or seq_len.is_complex() or seq_len.dtype == torch.bool:
+            raise TypeError(f"seq_len must be an int or a 0-d integer tensor, got {seq_len.dtype} {tuple(seq_len.shape)}")
+    elif seq_len is not None:
+        seq_len = require_int("seq_len", seq_len, minimum=1)
     rope_parameters = check_rope_parameters(rope_parameters)
     rope_parameters.setdefault("rope_theta", DEFAULT_THETA)
     rope_type = rope_parameters["rope_type"]

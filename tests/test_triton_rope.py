@@ -160,3 +160,68 @@ def test_use_triton_decides_from_the_device_and_the_switch(monkeypatch):
     assert not tr.use_triton(meta_cuda_like)
     monkeypatch.setenv(tr.KERNEL_ENV, "formula")
     assert not tr.use_triton(cpu)
+
+
+@pytest.fixture
+def triton_path(monkeypatch):
+    """posenc.rope's CUDA branch, taken on this device (the interpreter runs the kernel on CPU tensors)."""
+    from posenc import rope
+
+    monkeypatch.setattr(rope, "_use_triton", lambda x: True)
+
+
+@pytest.mark.parametrize("seq_dim", [-2, -3])
+@pytest.mark.parametrize("layout", ["half", "interleaved"])
+def test_apply_rope_dispatches_to_the_kernel_with_the_same_result(triton_path, monkeypatch, seq_dim, layout):
+    import posenc
+    from posenc import rope
+
+    shape = lambda heads: (2, heads, 6, 16) if seq_dim == -2 else (2, 6, heads, 16)
+    q, k = torch.randn(shape(4), device=DEVICE), torch.randn(shape(2), device=DEVICE)
+    cos, sin = tables(6, 12)
+    kernel = (posenc.apply_rope(q, cos, sin, layout, seq_dim=seq_dim),
+              posenc.apply_rope_qk(q, k, cos, sin, layout, seq_dim=seq_dim),
+              posenc.apply_rope_(q.clone(), cos, sin, layout, seq_dim=seq_dim))
+    with monkeypatch.context() as formula_only:
+        formula_only.setattr(rope, "_use_triton", lambda x: False)
+        formula = (posenc.apply_rope(q, cos, sin, layout, seq_dim=seq_dim),
+                   posenc.apply_rope_qk(q, k, cos, sin, layout, seq_dim=seq_dim),
+                   posenc.apply_rope_(q.clone(), cos, sin, layout, seq_dim=seq_dim))
+    assert torch.equal(kernel[0], formula[0]) and torch.equal(kernel[2], formula[2])
+    assert all(torch.equal(a, b) for a, b in zip(kernel[1], formula[1]))
+    module = posenc.RotaryEmbedding(16, seq_dim=seq_dim)
+    with monkeypatch.context() as formula_only:
+        formula_only.setattr(rope, "_use_triton", lambda x: False)
+        reference = module(q, k)
+    assert all(torch.equal(a, b) for a, b in zip(module(q, k), reference))
+    # learned tables (a gradient through cos/sin) take the formula: the kernel differentiates x only
+    learned = cos.clone().requires_grad_()
+    posenc.apply_rope(q, learned, sin, layout, seq_dim=seq_dim).sum().backward()
+    assert learned.grad is not None
+
+
+def test_the_cuda_branch_reads_no_value_and_makes_no_host_tensor(triton_path):
+    """The CUDA branch on the meta device: any read of a value (.item(), bool(), a Python float of a tensor) raises
+    there, and the dispatch mode below fails on any tensor the branch would create on the host."""
+    import posenc
+    from torch.utils._python_dispatch import TorchDispatchMode
+
+    class NoHostTensors(TorchDispatchMode):
+        def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+            out = func(*args, **(kwargs or {}))
+            for t in out if isinstance(out, (tuple, list)) else (out,):
+                if isinstance(t, torch.Tensor) and t.device.type == "cpu":
+                    raise AssertionError(f"{func} made a host tensor on the device path")
+            return out
+
+    for rope_type, extra in [("default", {}), ("yarn", {"factor": 4.0, "original_max_position_embeddings": 64}),
+                             ("dynamic", {"factor": 2.0}),
+                             ("longrope", {"long_factor": [1.5] * 16, "short_factor": [1.0] * 16,
+                                           "original_max_position_embeddings": 32})]:
+        module = posenc.RotaryEmbedding(32, {"rope_type": rope_type, **extra}, max_position_embeddings=64).to("meta")
+        q = torch.randn(2, 4, 9, 32, device="meta", dtype=torch.bfloat16)
+        k = torch.randn(2, 2, 9, 32, device="meta", dtype=torch.bfloat16)
+        positions = torch.arange(9, device="meta")[None].expand(2, 9) + 100
+        with NoHostTensors():
+            q_rot, k_rot = module(q, k, positions)
+        assert q_rot.device.type == "meta" and q_rot.dtype == torch.bfloat16 and k_rot.shape == k.shape
