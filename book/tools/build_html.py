@@ -25,6 +25,7 @@ import shutil
 import subprocess
 import sys
 from pathlib import Path
+from urllib.parse import quote
 
 import yaml
 
@@ -34,6 +35,7 @@ from book.tools.repository import colab_link_settings, pin_notebook, publish_ref
 from posenc.interactive import FRAMES_DIR_ENV
 
 STAGE = ROOT / "_build" / "stage"
+PUBLISHED_REF_FILE = ROOT / "_build" / "html-published-ref.txt"  # the commit the last build pinned ("" if local)
 FRAME_URL = re.compile(r"_static/frames/([0-9a-f]{20}\.png)")
 
 
@@ -110,25 +112,27 @@ def stage(ref: str | None = None) -> Path:
     return STAGE
 
 
-ICON_LINK = '<link rel="icon" href="favicon.svg" type="image/svg+xml">'
-
-
 def icon_at_root(html_dir: Path) -> None:
-    """Declare the book's icon in the root redirect page and serve it (and a favicon.ico) beside it."""
+    """Declare the book's icon in the root redirect page and serve it (and a favicon.ico) beside it.
+
+    The redirect page carries the icon inline (a data: URL): a file it asked for would be cancelled by the
+    redirect, which a browser reports as a failed load."""
     source = ROOT / "book" / "_static" / "favicon.svg"
     shutil.copyfile(source, html_dir / "favicon.svg")
-    shutil.copyfile(ROOT / "book" / "_static" / "favicon.ico", html_dir / "favicon.ico")
+    shutil.copyfile(source.with_suffix(".ico"), html_dir / "favicon.ico")
+    link = f'<link rel="icon" type="image/svg+xml" href="data:image/svg+xml,{quote(source.read_text().strip())}">'
     index = html_dir / "index.html"
-    text = index.read_text(encoding="utf-8")
-    if 'rel="icon"' not in text:
-        text = re.sub(r"(<head[^>]*>)", lambda m: m.group(1) + "\n" + ICON_LINK, text, count=1)
-        if ICON_LINK not in text:
-            text = ICON_LINK + "\n" + text  # a redirect page without <head>: the link still applies
-        index.write_text(text, encoding="utf-8")
+    text = re.sub(r'<link rel="icon"[^>]*>\n?', "", index.read_text(encoding="utf-8"))  # an earlier build's
+    head = re.search(r"<head[^>]*>", text)
+    # Jupyter Book's redirect page is a bare <meta http-equiv="Refresh">, without <head>: the link goes first
+    text = text[:head.end()] + link + text[head.end():] if head else f"{link}\n{text}"
+    index.write_text(text, encoding="utf-8")
 
 
 def build() -> int:
-    stage(publish_ref())
+    ref = publish_ref()
+    PUBLISHED_REF_FILE.unlink(missing_ok=True)
+    stage(ref)
     command = [str(Path(sys.executable).parent / "jupyter-book"), "build", str(STAGE), "--path-output", str(ROOT),
                "--all", "-n", "-W", "--keep-going"]
     print("+", " ".join(command), flush=True)
@@ -136,6 +140,7 @@ def build() -> int:
     if result.returncode:
         return result.returncode
     icon_at_root(ROOT / "_build" / "html")
+    PUBLISHED_REF_FILE.write_text(ref or "")
     return check_offline([])
 
 
