@@ -269,7 +269,9 @@ def test_live_widget_redraws_with_ipywidgets_7():
     nb.cells = [nbformat.v4.new_code_cell(textwrap.dedent(source).strip()) for source in LIVE_WIDGET_CELLS]
     env = {**os.environ, "POSENC_FIGURES": "live"}
     env.pop("MPLBACKEND", None)  # the kernel's inline backend, as in Colab
-    NotebookClient(nb, timeout=120, kernel_name="python3").execute(env=env)
+    from book.tools.run_notebooks import kernel_config
+
+    NotebookClient(nb, timeout=120, kernel_name="python3", config=kernel_config()).execute(env=env)
     state = nb.metadata["widgets"]["application/vnd.jupyter.widget-state+json"]["state"]
     models = {model["model_name"] for model in state.values()}
     assert {"SelectionSliderModel", "VBoxModel"} <= models, models
