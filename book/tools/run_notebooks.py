@@ -201,8 +201,8 @@ def run(names=(), jobs: int = 2, output_dir: Path | None = None, figures: str = 
     times_file = output_dir / "times.json"
     previous = json.loads(times_file.read_text()) if times_file.exists() else {}
     notebooks.sort(key=lambda p: -previous.get(str(p.relative_to(ROOT)), {}).get("seconds", 0))
+    threads = max(1, (os.cpu_count() or 1) // jobs)  # as in a full run, however few chapters are selected
     jobs = max(1, min(jobs, len(notebooks)))
-    threads = max(1, (os.cpu_count() or 1) // jobs)
     print(f"executing {len(notebooks)} chapter{'s' * (len(notebooks) > 1)}, {jobs} at a time, each on a fresh local "
           f"kernel; logs in {display_path(log_dir(output_dir))}", flush=True)
     records = []
