@@ -15,8 +15,8 @@ from urllib.parse import urljoin, urlsplit
 
 import pytest
 
-from browser_support import (CODE_SHARE_LIMIT, DESKTOP, HTML_DIR, MB, MIN_FIGURE_TEXT_PX, MIN_IMAGE_RATIO, PHONE, ROOT,
-                             SCREENSHOT_DIR, WEIGHT_LIMIT, BookPage, Traffic, book_pages, watch)
+from browser_support import (CODE_SHARE_LIMIT, DESKTOP, HTML_DIR, MB, MIN_FIGURE_TEXT_PX, MIN_IMAGE_RATIO, PHONE,
+                             ROOT, SCREENSHOT_DIR, WEIGHT_LIMIT, BookPage, Traffic, book_pages, watch)
 
 from book.tools import repository
 from book.tools.book_files import setup_cell_source
@@ -24,15 +24,16 @@ from book.tools.build_html import PUBLISHED_REF_FILE
 
 pytestmark = pytest.mark.browser
 PAGES = book_pages()
+IMAGE_PATH = re.compile(r"(^data:|\.(png|jpe?g|gif|svg|webp)$)", re.IGNORECASE)
+RAW_TEX = re.compile(r"\\\(|\\\)|\\\[|\\\]|\$\$|\\[A-Za-z]{2,}")  # \( \) \[ \] $$ \command
+WIDGET_REPR = re.compile(r"^\s*(VBox|HBox|Box|IntSlider|FloatSlider|SelectionSlider|Dropdown|Output|interactive)\(",
+                         re.MULTILINE)
 
 
 def published_ref() -> str | None:
     """The commit the built site pins its Colab copies to (book/tools/build_html.py records it), or None."""
     return (PUBLISHED_REF_FILE.read_text().strip() if PUBLISHED_REF_FILE.exists() else "") or None
-IMAGE_PATH = re.compile(r"(^data:|\.(png|jpe?g|gif|svg|webp)$)", re.IGNORECASE)
-RAW_TEX = re.compile(r"\\\(|\\\)|\\\[|\\\]|\$\$|\\[A-Za-z]{2,}")  # \( \) \[ \] $$ \command
-WIDGET_REPR = re.compile(r"^\s*(VBox|HBox|Box|IntSlider|FloatSlider|SelectionSlider|Dropdown|Output|interactive)\(",
-                         re.MULTILINE)
+
 
 # One round trip collects what the checks need from the DOM of the main article.
 FACTS_JS = r"""
