@@ -344,7 +344,8 @@ def execute_for_redraws(notebook: Path, log: Path) -> list:
     env = {**kernel_env("live", 1), REDRAW_LOG_ENV: str(log), "PYTHONPATH": str(ROOT)}
     nb = nbformat.read(notebook, as_version=4)
     client = NotebookClient(nb, timeout=hang_guard_seconds(notebook), kernel_name="python3",
-                            config=kernel_config(), allow_errors=True, resources={"metadata": {"path": str(notebook.parent)}})
+                            config=kernel_config(), allow_errors=True,
+                            resources={"metadata": {"path": str(notebook.parent)}})
     client.execute(env=env)
     return [{"cell": i, "error": f"{o.get('ename')}: {o.get('evalue', '')[:200]}"}
             for i, cell in enumerate(nb.cells) if cell.cell_type == "code"
@@ -412,7 +413,8 @@ def print_chapters(title: str, chapters: dict) -> None:
              "over": "over" if c.get("over_target") else "", "ok": c["ok"]} for n, c in chapters["chapters"].items()]
     print_table(title, ["chapter", "seconds", "target", "over", "ok"], rows)
     print(f"  sum {chapters['sum_seconds']} s (run_notebooks.py runs two chapters at a time); "
-          f"{len(chapters['over_target'])} of {len(rows)} over target (targets: idle 2 cores; reported, never enforced)")
+          f"{len(chapters['over_target'])} of {len(rows)} over target "
+          "(targets: idle 2 cores; reported, never enforced)")
 
 
 def print_book(section: dict) -> None:
@@ -437,7 +439,8 @@ def print_book(section: dict) -> None:
 def main() -> int:
     parser = argparse.ArgumentParser(prog="python -m benchmarks.run", description=__doc__,
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--book", action="store_true", help="also time `make book` from nothing, in a fresh copy of the tree (minutes)")
+    parser.add_argument("--book", action="store_true",
+                        help="also time `make book` from nothing, in a fresh copy of the tree (minutes)")
     parser.add_argument("--quick", action="store_true", help="small shapes, few rounds: a smoke test")
     parser.add_argument("--budget", type=float, default=None, help="seconds of timing per configuration")
     parser.add_argument("--output", type=Path, default=ROOT / "_build" / "bench.json")

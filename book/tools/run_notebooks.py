@@ -75,7 +75,8 @@ def kernel_config():
     if os.name != "nt":
         config.KernelManager.transport = "ipc"
         # the socket files' prefix: absolute (the kernel runs in the notebook's folder) and unique to this process
-        config.KernelManager.ip = str(Path(tempfile.gettempdir()) / f"posenc-kernel-{os.getpid()}-{uuid.uuid4().hex[:8]}")
+        prefix = f"posenc-kernel-{os.getpid()}-{uuid.uuid4().hex[:8]}"
+        config.KernelManager.ip = str(Path(tempfile.gettempdir()) / prefix)
     return config
 
 
@@ -142,12 +143,19 @@ def execute(path: str, threads: int, output_dir: str | None = None, figures: str
         cells = widget_views(nb)
         record.update(ok=False, cell=cells[0], source=nb.cells[cells[0]].source,
                       error=f"cells {cells} display an ipywidgets view, which a static page cannot show (a progress "
-                            "bar? run_notebooks.KERNEL_ENV turns tqdm's off)")
+                            "bar? book/tools/kernel_startup.py and TQDM_DISABLE keep tqdm's off)")
     target = output_dir / relative
     target.parent.mkdir(parents=True, exist_ok=True)
     nbformat.write(nb, target)
-    record["log"] = str(write_log(record, log_dir(output_dir)))
+    record["log"] = str(write_log(record, log_dir(output_dir), stderr_of(nb)))
     return record
+
+
+def stderr_of(nb) -> list[str]:
+    """What the cells wrote to stderr (warnings, mostly), each headed by its cell's index."""
+    return [f"--- cell {i} stderr ---\n{ANSI.sub('', output.get('text', '')).rstrip()}"
+            for i, cell in enumerate(nb.cells) if cell.cell_type == "code"
+            for output in cell.get("outputs", []) if output.get("name") == "stderr"]
 
 
 def error_text(nb, index) -> str:
@@ -161,7 +169,7 @@ def error_text(nb, index) -> str:
     return ""
 
 
-def write_log(record: dict, directory: Path) -> Path:
+def write_log(record: dict, directory: Path, stderr: list[str] = ()) -> Path:
     directory.mkdir(parents=True, exist_ok=True)
     path = directory / f"{Path(record['notebook']).stem}.log"
     lines = [f"{record['notebook']}: {'ok' if record['ok'] else 'FAILED'} in {record.get('seconds')} s "
@@ -169,6 +177,7 @@ def write_log(record: dict, directory: Path) -> Path:
     if not record["ok"]:
         lines += [f"cell {record['cell']} (position in the notebook's cell list)", "--- cell source ---",
                   record["source"], "--- error ---", record["error"]]
+    lines += stderr
     path.write_text("\n".join(lines) + "\n", encoding="utf-8")
     return path.resolve()
 
