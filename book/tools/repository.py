@@ -51,7 +51,7 @@ def mismatches(root: Path = ROOT) -> list[str]:
         if cell is None or "".join(cell["source"]) != setup_cell_source(root):
             found.append(f"{path.relative_to(root)}: the setup cell is not book_files.setup_cell_source()")
     readme = (root / "README.md").read_text(encoding="utf-8")
-    if f'pip install "posenc @ git+https://github.com/{slug}"' not in readme:
+    if not re.search(rf'pip install "posenc(\[[\w,]+\])? @ git\+https://github\.com/{re.escape(slug)}[@"]', readme):
         found.append(f'README.md: no install line `pip install "posenc @ git+https://github.com/{slug}"`')
     found += [f"README.md: names github.com/{other}" for other in sorted(set(GITHUB_REPO.findall(readme)) - {slug})]
     found += [f"README.md: names {m.group(0)}" for m in PAGES_REPO.finditer(readme)
