@@ -259,9 +259,14 @@ def clean_book_build() -> dict:
         print("\nbook: `make book` from nothing (no _build: model cache, every chapter, the HTML) in a fresh copy ...",
               flush=True)
         start = time.perf_counter()
+        # the copy's posenc and tools, not the venv's editable install of this tree: its kernels write the figure
+        # files and the model cache into the copy's _build, from nothing
+        env = {**os.environ, "PYTHONPATH": str(copy)}
+        for name in ("POSENC_FRAMES_DIR", "POSENC_CACHE_DIR"):
+            env.pop(name, None)
         # -o: the shared venv's install stamp is taken as up to date (the copy's files must not reinstall it)
         result = subprocess.run(["make", "book", "-o", ".venv/.installed-stamp"], cwd=copy, capture_output=True,
-                                text=True)
+                                text=True, env=env)
         seconds = time.perf_counter() - start
         chapters = chapter_times(copy / "_build" / "executed" / "times.json")
         chapters.pop("source", None)
