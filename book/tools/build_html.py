@@ -8,6 +8,13 @@ sphinx-mathjax-offline). Then make_offline.py checks that the site loads nothing
 Static figures of the executed notebooks are PNG files in _build/frames (posenc.interactive writes them there,
 content-addressed, and the pages refer to them as ``../_static/frames/<sha1>.png``): the files the staged
 pages refer to are copied into the staged book/_static/frames, which Sphinx copies into _build/html/_static.
+With ``POSENC_PUBLISH_REF=<commit>`` (the Pages workflow sets it) the pages are a published build: each page's
+Colab link opens a copy of its notebook whose setup cell installs posenc at that commit, and its downloadable
+notebook carries the same cell (book/tools/repository.py writes the copies to _build/colab/<commit>/). Without it,
+the links open ``main``'s notebooks, which install ``main``.
+
+The site root, index.html, is Jupyter Book's redirect page: it gets the book's icon declared (and favicon.svg and
+favicon.ico beside it), so a browser opening the bare address asks for no missing /favicon.ico.
 Run as a module from the repository root: ``python -m book.tools.build_html``.
 """
 from __future__ import annotations
@@ -18,14 +25,17 @@ import shutil
 import subprocess
 import sys
 from pathlib import Path
+from urllib.parse import quote
 
 import yaml
 
 from book.tools.book_files import ROOT, executed_dir, toc_entries
 from book.tools.make_offline import main as check_offline
+from book.tools.repository import colab_link_settings, pin_notebook, publish_ref, write_pinned_notebooks
 from posenc.interactive import FRAMES_DIR_ENV
 
 STAGE = ROOT / "_build" / "stage"
+PUBLISHED_REF_FILE = ROOT / "_build" / "html-published-ref.txt"  # the commit the last build pinned ("" if local)
 FRAME_URL = re.compile(r"_static/frames/([0-9a-f]{20}\.png)")
 
 
@@ -60,12 +70,15 @@ def present_toc() -> dict:
     return toc
 
 
-def stage() -> Path:
+def stage(ref: str | None = None) -> Path:
+    """Stage the book in _build/stage; ``ref``: the commit a published build pins (see the module's docstring)."""
     if STAGE.exists():
         shutil.rmtree(STAGE)
     STAGE.mkdir(parents=True)
     config = yaml.safe_load((ROOT / "_config.yml").read_text())
     config.setdefault("execute", {})["execute_notebooks"] = "off"
+    if ref:
+        config["repository"].update(colab_link_settings(ref))
     (STAGE / "_config.yml").write_text(yaml.safe_dump(config, sort_keys=False))
     (STAGE / "_toc.yml").write_text(yaml.safe_dump(present_toc(), sort_keys=False))
     shutil.copytree(ROOT / "book", STAGE / "book", ignore=shutil.ignore_patterns("tools", "__pycache__"))
@@ -79,7 +92,12 @@ def stage() -> Path:
             missing.append(entry)
             continue
         (STAGE / entry).parent.mkdir(parents=True, exist_ok=True)
-        shutil.copy(executed, STAGE / f"{entry}.ipynb")
+        if ref:
+            import nbformat
+
+            nbformat.write(pin_notebook(nbformat.read(executed, as_version=4), ref), STAGE / f"{entry}.ipynb")
+        else:
+            shutil.copy(executed, STAGE / f"{entry}.ipynb")
         staged.append(STAGE / f"{entry}.ipynb")
     if missing:
         raise SystemExit(
@@ -87,17 +105,42 @@ def stage() -> Path:
         )
     count = copy_frames(staged, STAGE / "book" / "_static" / "frames")
     print(f"staged {len(staged)} executed notebooks and {count} figure files", flush=True)
+    if ref:
+        written = write_pinned_notebooks(ref)
+        print(f"published build of {ref}: Colab links open the {len(written)} pinned copies in "
+              f"{written[0].parent.parent.relative_to(ROOT)}", flush=True)
     return STAGE
 
 
+def icon_at_root(html_dir: Path) -> None:
+    """Declare the book's icon in the root redirect page and serve it (and a favicon.ico) beside it.
+
+    The redirect page carries the icon inline (a data: URL): a file it asked for would be cancelled by the
+    redirect, which a browser reports as a failed load."""
+    source = ROOT / "book" / "_static" / "favicon.svg"
+    shutil.copyfile(source, html_dir / "favicon.svg")
+    shutil.copyfile(source.with_suffix(".ico"), html_dir / "favicon.ico")
+    link = f'<link rel="icon" type="image/svg+xml" href="data:image/svg+xml,{quote(source.read_text().strip())}">'
+    index = html_dir / "index.html"
+    text = re.sub(r'<link rel="icon"[^>]*>\n?', "", index.read_text(encoding="utf-8"))  # an earlier build's
+    head = re.search(r"<head[^>]*>", text)
+    # Jupyter Book's redirect page is a bare <meta http-equiv="Refresh">, without <head>: the link goes first
+    text = text[:head.end()] + link + text[head.end():] if head else f"{link}\n{text}"
+    index.write_text(text, encoding="utf-8")
+
+
 def build() -> int:
-    stage()
+    ref = publish_ref()
+    PUBLISHED_REF_FILE.unlink(missing_ok=True)
+    stage(ref)
     command = [str(Path(sys.executable).parent / "jupyter-book"), "build", str(STAGE), "--path-output", str(ROOT),
                "--all", "-n", "-W", "--keep-going"]
     print("+", " ".join(command), flush=True)
     result = subprocess.run(command, cwd=ROOT)
     if result.returncode:
         return result.returncode
+    icon_at_root(ROOT / "_build" / "html")
+    PUBLISHED_REF_FILE.write_text(ref or "")
     return check_offline([])
 
 

@@ -61,9 +61,12 @@ def pip_magics(source: str) -> list[tuple[str, str | None]]:
     return found
 
 
-def setup_requirement() -> tuple[Requirement, list[str]]:
+PINNED = "0123456789abcdef0123456789abcdef01234567"  # a commit, as a published page's Colab copy names it
+
+
+def setup_requirement(ref: str = "main") -> tuple[Requirement, list[str]]:
     """The one requirement the setup cell installs, and the pip options it passes."""
-    ((arguments, _guard),) = pip_magics(setup_cell_source())
+    ((arguments, _guard),) = pip_magics(setup_cell_source(ref=ref))
     words = shlex.split(arguments)
     assert words[0] == "install", words
     options = [w for w in words[1:] if w.startswith("-")]
@@ -93,14 +96,25 @@ def test_setup_cell_installs_posenc_from_the_configured_repository():
     assert not FORBIDDEN_PIP_OPTIONS & {o.split("=")[0] for o in options}, f"pip options that reinstall: {options}"
 
 
-def test_setup_cell_installs_only_inside_the_colab_guard():
-    magics = pip_magics(setup_cell_source())
+def test_pinned_setup_cell_installs_posenc_at_the_commit():
+    """The copy a published page opens in Colab (book/tools/repository.py) installs the page's commit."""
+    requirement, options = setup_requirement(PINNED)
+    main, main_options = setup_requirement()
+    assert requirement.url == f"git+https://github.com/{repository_slug()}@{PINNED}", requirement.url
+    assert (requirement.name, requirement.extras, options) == (main.name, main.extras, main_options)
+    assert setup_cell_source(ref=PINNED).replace(PINNED, "main") == setup_cell_source()
+
+
+@pytest.mark.parametrize("ref", ["main", PINNED])
+def test_setup_cell_installs_only_inside_the_colab_guard(ref):
+    magics = pip_magics(setup_cell_source(ref=ref))
     assert len(magics) == 1, magics
     assert magics[0][1] == "'google.colab' in sys.modules", f"pip runs under {magics[0][1]!r}"
 
 
+@pytest.mark.parametrize("ref", ["main", PINNED])
 @pytest.mark.parametrize("in_colab", [False, True], ids=["elsewhere", "colab"])
-def test_setup_cell_runs_pip_only_in_colab(monkeypatch, in_colab):
+def test_setup_cell_runs_pip_only_in_colab(monkeypatch, in_colab, ref):
     from IPython.core.inputtransformer2 import TransformerManager
 
     calls = []
@@ -109,8 +123,8 @@ def test_setup_cell_runs_pip_only_in_colab(monkeypatch, in_colab):
         monkeypatch.setitem(sys.modules, "google.colab", types.ModuleType("google.colab"))
     else:
         monkeypatch.delitem(sys.modules, "google.colab", raising=False)
-    exec(TransformerManager().transform_cell(setup_cell_source()), {"get_ipython": lambda: shell})
-    expected_line = f'install --quiet "posenc[minilm] @ git+https://github.com/{repository_slug()}@main"'
+    exec(TransformerManager().transform_cell(setup_cell_source(ref=ref)), {"get_ipython": lambda: shell})
+    expected_line = f'install --quiet "posenc[minilm] @ git+https://github.com/{repository_slug()}@{ref}"'
     assert calls == ([("pip", expected_line)] if in_colab else [])
 
 
@@ -172,6 +186,23 @@ def test_installing_posenc_keeps_colab_packages(tmp_path):
                 for item in json.loads(report.read_text())["install"]}
     touched = {name: version for name, version in installs.items() if name in COLAB_KEPT}
     assert not touched, f"installing posenc in Colab would replace {touched}: Colab would need a restart"
+
+
+@colab
+def test_pip_installs_posenc_at_a_commit(tmp_path):
+    """What a pinned setup cell asks of pip: posenc from a git repository at one commit (here this repository's
+    HEAD, through file://, as Colab fetches the page's commit from GitHub), without touching Colab's packages."""
+    requirement, options = setup_requirement(PINNED)
+    commit = subprocess.run(["git", "rev-parse", "HEAD"], cwd=ROOT, check=True, capture_output=True,
+                            text=True).stdout.strip()
+    local = f"posenc[{','.join(sorted(requirement.extras))}] @ git+{ROOT.as_uri()}@{commit}"
+    report = tmp_path / "report.json"
+    subprocess.run([sys.executable, "-m", "pip", "install", "--dry-run", "--quiet", *options, "--report", str(report),
+                    local], check=True, timeout=600)
+    installs = {item["metadata"]["name"].lower(): item for item in json.loads(report.read_text())["install"]}
+    assert installs["posenc"]["download_info"]["vcs_info"]["commit_id"] == commit
+    touched = sorted(name for name in installs if name in COLAB_KEPT)
+    assert not touched, f"installing posenc at a commit in Colab would replace {touched}"
 
 
 def shows_image(output: dict) -> bool:
@@ -238,7 +269,9 @@ def test_live_widget_redraws_with_ipywidgets_7():
     nb.cells = [nbformat.v4.new_code_cell(textwrap.dedent(source).strip()) for source in LIVE_WIDGET_CELLS]
     env = {**os.environ, "POSENC_FIGURES": "live"}
     env.pop("MPLBACKEND", None)  # the kernel's inline backend, as in Colab
-    NotebookClient(nb, timeout=120, kernel_name="python3").execute(env=env)
+    from book.tools.run_notebooks import kernel_config
+
+    NotebookClient(nb, timeout=120, kernel_name="python3", config=kernel_config()).execute(env=env)
     state = nb.metadata["widgets"]["application/vnd.jupyter.widget-state+json"]["state"]
     models = {model["model_name"] for model in state.values()}
     assert {"SelectionSliderModel", "VBoxModel"} <= models, models

@@ -26,6 +26,15 @@ class _QuietHandler(http.server.SimpleHTTPRequestHandler):
         pass
 
 
+class _QuietServer(http.server.ThreadingHTTPServer):
+    def handle_error(self, request, client_address):
+        """A browser that drops a request it no longer needs (a slider moved on) is not a server error."""
+        import sys
+
+        if not isinstance(sys.exc_info()[1], (BrokenPipeError, ConnectionResetError)):
+            super().handle_error(request, client_address)
+
+
 @pytest.fixture(scope="session")
 def site() -> Path:
     if not (HTML_DIR / "index.html").exists():
@@ -36,7 +45,7 @@ def site() -> Path:
 @pytest.fixture(scope="session")
 def base_url(site):
     handler = functools.partial(_QuietHandler, directory=str(site))
-    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), handler)
+    server = _QuietServer(("127.0.0.1", 0), handler)
     thread = threading.Thread(target=server.serve_forever, daemon=True)
     thread.start()
     yield f"http://127.0.0.1:{server.server_address[1]}/"

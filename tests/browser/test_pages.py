@@ -15,10 +15,12 @@ from urllib.parse import urljoin, urlsplit
 
 import pytest
 
-from browser_support import (CODE_SHARE_LIMIT, DESKTOP, MB, MIN_FIGURE_TEXT_PX, MIN_IMAGE_RATIO, PHONE, ROOT,
-                             SCREENSHOT_DIR, WEIGHT_LIMIT, BookPage, Traffic, book_pages, watch)
+from browser_support import (CODE_SHARE_LIMIT, DESKTOP, HTML_DIR, MB, MIN_FIGURE_TEXT_PX, MIN_IMAGE_RATIO, PHONE,
+                             ROOT, SCREENSHOT_DIR, WEIGHT_LIMIT, BookPage, Traffic, book_pages, watch)
 
-from book.tools.book_files import repository_slug
+from book.tools import repository
+from book.tools.book_files import setup_cell_source
+from book.tools.build_html import PUBLISHED_REF_FILE
 
 pytestmark = pytest.mark.browser
 PAGES = book_pages()
@@ -26,6 +28,12 @@ IMAGE_PATH = re.compile(r"(^data:|\.(png|jpe?g|gif|svg|webp)$)", re.IGNORECASE)
 RAW_TEX = re.compile(r"\\\(|\\\)|\\\[|\\\]|\$\$|\\[A-Za-z]{2,}")  # \( \) \[ \] $$ \command
 WIDGET_REPR = re.compile(r"^\s*(VBox|HBox|Box|IntSlider|FloatSlider|SelectionSlider|Dropdown|Output|interactive)\(",
                          re.MULTILINE)
+
+
+def published_ref() -> str | None:
+    """The commit the built site pins its Colab copies to (book/tools/build_html.py records it), or None."""
+    return (PUBLISHED_REF_FILE.read_text().strip() if PUBLISHED_REF_FILE.exists() else "") or None
+
 
 # One round trip collects what the checks need from the DOM of the main article.
 FACTS_JS = r"""
@@ -176,12 +184,6 @@ def test_every_toc_page_is_built(site):
     assert not missing, f"pages of _toc.yml not in the build (run `make book`): {missing}"
 
 
-def test_root_leads_to_the_first_page(open_page, base_url):
-    page, traffic = open_page(base_url)
-    page.wait_for_url(re.compile(re.escape(PAGES[0].html) + "$"), timeout=15_000)
-    assert not traffic.problems(), traffic.problems()
-
-
 @pytest.mark.parametrize("book_page", PAGES, ids=str, scope="class")
 class TestPage:
     def test_loads_without_errors(self, visit):
@@ -216,16 +218,24 @@ class TestPage:
         assert not bare, f"figures with neither caption nor alt text: {bare}"
 
     def test_colab_link(self, visit):
+        """Colab opens main's notebook from a local build, and from a published one (POSENC_PUBLISH_REF) the copy of
+        the page's notebook whose setup cell installs posenc at the page's commit (book/tools/repository.py)."""
         links = set(visit.facts["colab"])
         if not visit.book_page.is_notebook:
             assert not links, f"a non-notebook page offers Colab: {links}"
             return
-        expected = (f"https://colab.research.google.com/github/{repository_slug()}/blob/main/"
-                    f"{visit.book_page.entry}.ipynb")
+        ref = published_ref()
+        expected = repository.colab_url(visit.book_page.entry, ref)
         assert links == {expected}, f"Colab links {links}, expected {expected}"
+        assert visit.book_page.entry.startswith("notebooks/")
         notebook = ROOT / f"{visit.book_page.entry}.ipynb"
         assert notebook.exists(), f"the Colab link opens {notebook.relative_to(ROOT)}, which is not in the repository"
-        assert visit.book_page.entry.startswith("notebooks/")
+        if ref:
+            pinned = repository.pinned_dir(ref) / f"{visit.book_page.entry}.ipynb"
+            assert pinned.exists(), f"no pinned copy {pinned.relative_to(ROOT)} for the Pages workflow to publish"
+            for copy in (pinned, HTML_DIR / "_sources" / f"{visit.book_page.entry}.ipynb"):
+                cell = repository.first_code_cell(json.loads(copy.read_text()))
+                assert "".join(cell["source"]) == setup_cell_source(ref=ref), f"{copy}: setup cell not pinned"
 
     def test_static_sliders_move(self, visit):
         """Every slider of every static figure moves by keys and mouse, changes the one image, and leaves the
