@@ -101,6 +101,7 @@ $(MODEL_CACHE): $(STAMP)
 
 long-context: $(STAMP) $(MODEL_CACHE)
 	nice -n 10 $(PY) -m book.tools.long_context --threads 2 --output posenc/data/long_context.json
+	nice -n 10 $(PY) -m book.tools.long_context --threads 2 --part window --output posenc/data/long_context_window.json
 
 clean:
 	rm -rf _build  # includes _build/cache (chapter 12's converted tokenizer and dequantised weights)

@@ -250,3 +250,14 @@ def test_rope_parameters_from_config_nested_and_legacy():
         posenc.rope_parameters_from_config(tf.Qwen2Config(), layer_type="local")
     with pytest.raises(TypeError, match="config"):
         posenc.rope_parameters_from_config(3)
+
+
+def test_readme_example_runs():
+    from pathlib import Path
+
+    readme = (Path(__file__).resolve().parents[1] / "README.md").read_text()
+    section = readme.split("### A transformers model with posenc's RoPE", 1)[1].split("\n## ", 1)[0]
+    code = section.split("```python\n", 1)[1].split("```", 1)[0]
+    namespace = {}
+    exec(compile(code, "README.md", "exec"), namespace)
+    assert namespace["tokens"].shape == (1, 40)
