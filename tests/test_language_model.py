@@ -167,3 +167,15 @@ def test_long_context_results_fail_clearly(tmp_path):
     broken.write_text(json.dumps(record))
     with pytest.raises(ValueError, match="missing method 'PI'"):
         L.long_context_results(broken)
+
+
+def test_committed_sliding_window_baseline_matches_the_long_context_run():
+    window, record = L.long_context_window_results(), L.long_context_results()
+    assert window["command"].startswith("python") and "--part window" in window["command"]
+    assert window["text"]["tokens"] == record["text"]["tokens"] and window["model"] == record["model"]
+    assert window["trained_length"] == window["window"] == 8192 and window["context_seen"] == [7169, 8192]
+    assert set(window["bands"]) == {"8192-12288", "12288-16384"} and len(window["bin_means"]) == 16
+    # equal-size bins: each band's mean is the mean of its bins
+    assert math.isclose(sum(window["bin_means"][:8]) / 8, window["bands"]["8192-12288"], rel_tol=1e-9)
+    with pytest.raises(FileNotFoundError, match="make long-context"):
+        L.long_context_window_results("/nonexistent/window.json")
