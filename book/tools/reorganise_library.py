@@ -79,12 +79,19 @@ def _module_of(name: str) -> str:
     return name.split(" as ")[0].strip()
 
 
-def _emit(indent: str, source: str, names: list[str]) -> str:
-    line = f"{indent}from {source} import {', '.join(names)}"
-    if len(line) <= 120:
-        return line
-    return f"{indent}from {source} import (" + ",\n".join(
-        (f"{indent}    {n}" if i else n) for i, n in enumerate(names)) + ")"
+def _emit(indent: str, source: str, names: list[str], width: int = 120) -> str:
+    """One import statement, wrapped inside parentheses at ``width`` columns as the repository writes them."""
+    head = f"{indent}from {source} import "
+    if len(head) + len(", ".join(names)) <= width:
+        return head + ", ".join(names)
+    lines, line = [], head + "("
+    for i, name in enumerate(names):
+        piece = name + ("," if i < len(names) - 1 else ")")
+        if len(line) + len(piece) + 1 > width and line.strip() not in ("", head.strip() + " ("):
+            lines.append(line.rstrip())
+            line = " " * len(head + "(")
+        line += piece + " "
+    return "\n".join(lines + [line.rstrip()])
 
 
 _FROM_POSENC = re.compile(r"^([ \t]*)from posenc import (\([^)]*\)|[^\n#]*[^\n#\s])", re.M)
@@ -189,17 +196,16 @@ def rewrite_init(text: str) -> str:
         lines = kept + lines[last + 1:]
         text = "\n".join(lines)
     text = text.replace("Every module is imported with the package, so ``posenc.<module>`` works too.",
-                        "Every library module is imported with the package, so ``posenc.<module>`` works too; no "
-                        "public function\nshadows a module.")
-    text = text.replace("a\nlater chapter's own modules imported as ``from posenc import <module>``",
-                        "a\nlater chapter's own modules imported as ``from posenc import <module>`` (the library) or "
-                        "``from posenc.lab import <module>`` (the lab)")
-    text = text.replace("a later chapter's own modules imported as ``from posenc import <module>``",
-                        "a later chapter's own modules imported as ``from posenc import <module>`` (the library) or "
-                        "``from posenc.lab import <module>`` (the lab)")
+                        "Every library module is imported with the\npackage, so ``posenc.<module>`` works too; no "
+                        "public function shadows a module.")
+    if "``from posenc.lab import <module>``" not in text:
+        text = re.sub(r"own modules imported as\s+``from posenc import <module>``",
+                      "own modules imported as ``from posenc import <module>``\n(the library) or "
+                      "``from posenc.lab import <module>`` (the lab),", text)
     def without_lab(match):  # the package imports its library modules only
-        names = [n for n in _split_names(match.group(1)) if _module_of(n) not in LAB]
-        return _emit("", ".", names)
+        names = [RENAMES.get(_module_of(n), _module_of(n)) + n[len(_module_of(n)):]
+                 for n in _split_names(match.group(1)) if _module_of(n) not in LAB]
+        return _emit("", ".", sorted(names))
     text = re.sub(r"^from \. import (\([^)]*\)|[^\n#]*[^\n#\s])", without_lab, text, flags=re.M)
     text = rewrite_python(PACKAGE / "__init__.py", text)
     if "def __getattr__(name)" not in text:
@@ -232,6 +238,23 @@ def move_files(dry_run: bool) -> list[str]:
     return done
 
 
+# The README's paragraph of module names (bare names in backticks): the renamed modules and the lab's.
+README_NAMES = [("`attention` (one attention", "`multihead` (one attention"),
+                ("`rope_frequencies` (one function", "`rope_types` (one function"),
+                ("`embeddings` (real MiniLM", "`lab.embeddings` (real MiniLM"),
+                ("`interactive` (live and static", "`lab.interactive` (live and static"),
+                ("`geometry` (Hellinger", "`lab.geometry` (Hellinger"),
+                ("`tasks` and `experiments` (small", "`lab.tasks` and `lab.experiments` (small"),
+                ("`tables` (their results", "`lab.tables` (their results"),
+                ("`language_model` (SmolLM2", "`lab.language_model` (SmolLM2")]
+
+
+def rewrite_readme(text: str) -> str:
+    for old, new in README_NAMES:
+        text = text.replace(old, new)
+    return absolute_rules(text)
+
+
 def rewrite_pyproject(text: str) -> str:
     text = text.replace('posenc = ["py.typed", "*.mplstyle", "data/*.json"]',
                         'posenc = ["py.typed"]\n"posenc.lab" = ["*.mplstyle", "data/*.json"]')
@@ -246,9 +269,8 @@ def targets():
                              (lambda text, path=path: rewrite_python(path, text)))
     for path in sorted((ROOT / "notebooks").glob("*.ipynb")):
         yield path, rewrite_notebook
-    for name in ("README.md", "Makefile"):
-        if (ROOT / name).exists():
-            yield ROOT / name, absolute_rules
+    yield ROOT / "README.md", rewrite_readme
+    yield ROOT / "Makefile", absolute_rules
     for path in sorted((ROOT / "book").rglob("*.css")):
         yield path, absolute_rules
     yield ROOT / "pyproject.toml", rewrite_pyproject
