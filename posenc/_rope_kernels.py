@@ -17,7 +17,7 @@ computing exactly that formula, chosen per call by :class:`RotationEngine`:
   Each pass runs over a whole block, so torch spreads it over its intra-op threads.
 * below :data:`KERNEL_MIN_NUMEL` elements, with no gradient to record (a decode step), the formula's products and
   sums written by ``out=`` into the two halves of one output (:meth:`RotationEngine.rotate_small`): the formula's
-  arithmetic without its ``cat``, one operation fewer where operations, not memory, are the cost;
+  arithmetic without its ``cat``, for inputs where the number of operations, not memory, is the cost;
 * a custom autograd function around the blocked kernel: the gradient of a rotation is the rotation by the
   opposite angle, so the backward pass is the same fast kernel;
 * ``torch.compile`` of the formula (``compiled=True``): one fused loop that reads ``x`` once and writes once.
@@ -129,20 +129,23 @@ class RotationEngine:
         return self.formula(x, cos, sin, layout)
 
     def rotate_small(self, x, cos, sin, layout):
-        """The formula's arithmetic (``x1 cos - x2 sin``, ``x2 cos + x1 sin``: each product rounded in the working
-        dtype, then the sum, rounded once to ``x.dtype`` as it is stored) written straight into the halves of one
-        output: no ``cat``, and no widened copy of a bf16 or fp16 ``x`` (the products promote it). For small eager
-        inputs, such as a decode step, where the cost is the number of operations rather than memory."""
+        """The formula's arithmetic (``x1 cos - x2 sin``, ``x2 cos + x1 sin``: each product rounded, then the sum)
+        written straight into the halves of one output: no ``cat``. A bf16 or fp16 ``x`` is widened to float32
+        once and the result rounded once at the end, as in the formula (mixed-dtype operations would take torch's
+        slow casting loops). For small eager inputs, such as a decode step, where the cost is the number of
+        operations rather than memory."""
         half = cos.shape[-1]
         rotary = 2 * half
-        out = torch.empty_like(x)
-        x1, x2 = self.pairs(x, half, layout)
+        widen = x.dtype not in (torch.float32, torch.float64)
+        work = x.float() if widen else x
+        out = torch.empty_like(work)
+        x1, x2 = self.pairs(work, half, layout)
         o1, o2 = self.pairs(out, half, layout)
         torch.sub(x1 * cos, x2 * sin, out=o1)
         torch.add(x2 * cos, x1 * sin, out=o2)
         if x.shape[-1] > rotary:  # the features that do not rotate pass through
-            out[..., rotary:].copy_(x[..., rotary:])
-        return out
+            out[..., rotary:].copy_(work[..., rotary:])
+        return out.to(x.dtype) if widen else out
 
     def kernel_fits_in_place(self, x, cos, sin) -> bool:
         """:meth:`kernel_fits`, and autograd has nothing to record for ``x`` (the kernel writes it directly)."""
