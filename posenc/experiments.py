@@ -3,7 +3,9 @@
 The model is a pre-norm transformer of a few layers whose attention is :func:`posenc.attention.self_attention`,
 so the positional encoding is one :class:`posenc.encodings.PositionalEncoding` object: an "input" encoding is
 added once to the token embeddings, a "qk" or "logits" encoding acts inside every attention layer.
-Everything is seeded: one ``(task, encoding, seed)`` always gives the same numbers on one machine.
+Training and evaluation run many models at once in an :class:`Ensemble` (every weight stacked along a model axis,
+one batched operation per step for all of them); :func:`run_plan` trains any list of ``(task, encoding)`` pairs
+together. Everything is seeded: one plan always gives the same numbers on one machine.
 """
 from __future__ import annotations
 
@@ -82,7 +84,7 @@ JORDAN_DAMPING = -0.05  # eigenvalue a of the damped Jordan variant: its maps ca
 
 def jordan_frequencies(head_dim: int, base: float = 10_000.0) -> torch.Tensor:
     """The rotation frequency of every feature pair of :func:`posenc.generators.jordan_generator` ``(head_dim)``:
-    ``(head_dim / 2,)`` float64. Each copy (a 4 x 4 block, two pairs) turns at ``b_c = base^(-c / n_copies)``."""
+    ``(head_dim / 2,)`` float64. Each copy (a 4 x 4 block, two pairs) turns at ``omega_c = base^(-c / n_copies)``."""
     return copy_frequencies(head_dim // 4, base).repeat_interleave(2)
 
 
