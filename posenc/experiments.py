@@ -222,7 +222,10 @@ def _equivalent(first: PositionalEncoding, other: PositionalEncoding) -> bool:
         return False
     public = [{key: value for key, value in vars(e).items() if not key.startswith("_") and key != "training"}
               for e in (first, other)]
-    return public[0] == public[1]
+    try:
+        return bool(public[0] == public[1])
+    except (RuntimeError, TypeError, ValueError):  # an attribute that does not compare to one bool (a tensor)
+        return False
 
 
 class _Method(nn.Module):

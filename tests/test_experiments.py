@@ -181,6 +181,19 @@ def test_the_stack_computes_what_each_model_computes():
         ensemble.logits(tokens[:2])
 
 
+def test_models_share_an_encoding_call_only_when_their_encodings_agree():
+    models = [build_model("rope", TINY, 0), build_model("rope", TINY, 1)]
+    stretched = with_rope(models[:1], {"rope_type": "linear", "factor": 4.0}, TINY.train_length)
+    causal, bidirectional = build_model("nope-causal", TINY, 0), build_model("nope-bidirectional", TINY, 0)
+    ensemble = Ensemble.from_models(models + stretched + [causal, bidirectional], TINY)
+    assert [(start, stop) for start, stop, _, _ in ensemble.groups] == [(0, 2), (2, 3), (3, 4), (4, 5)]
+    tokens = torch.randint(TINY.vocab_size, (5, 2, 10), generator=torch.Generator().manual_seed(3))
+    alone = torch.stack([model(tokens[i]) for i, model in enumerate(models + stretched + [causal, bidirectional])])
+    assert torch.allclose(ensemble.logits(tokens), alone, atol=1e-5)  # float32: fused attention, another order
+    with pytest.raises(TypeError, match="TinyTransformer"):
+        Ensemble.from_models([], TINY)
+
+
 def test_a_model_trains_the_same_in_a_mixed_stack_as_alone():
     short = replace(TINY, steps=10)
     mixed, _ = train([CopyBack(2), FetchPosition(1)], ["learned", "rope"], short)
