@@ -3,7 +3,9 @@
 The model is a pre-norm transformer of a few layers whose attention is :func:`posenc.attention.self_attention`,
 so the positional encoding is one :class:`posenc.encodings.PositionalEncoding` object: an "input" encoding is
 added once to the token embeddings, a "qk" or "logits" encoding acts inside every attention layer.
-Everything is seeded: one ``(task, encoding, seed)`` always gives the same numbers on one machine.
+Training and evaluation run many models at once in an :class:`Ensemble` (every weight stacked along a model axis,
+one batched operation per step for all of them); :func:`run_plan` trains any list of ``(task, encoding)`` pairs
+together. Everything is seeded: one plan always gives the same numbers on one machine.
 """
 from __future__ import annotations
 
@@ -14,7 +16,7 @@ from dataclasses import dataclass, field, replace
 
 import torch
 from torch import nn
-from torch.func import functional_call, stack_module_state, vmap
+from torch.func import functional_call, vmap
 
 from . import tables
 from ._checks import require_int
@@ -82,7 +84,7 @@ JORDAN_DAMPING = -0.05  # eigenvalue a of the damped Jordan variant: its maps ca
 
 def jordan_frequencies(head_dim: int, base: float = 10_000.0) -> torch.Tensor:
     """The rotation frequency of every feature pair of :func:`posenc.generators.jordan_generator` ``(head_dim)``:
-    ``(head_dim / 2,)`` float64. Each copy (a 4 x 4 block, two pairs) turns at ``b_c = base^(-c / n_copies)``."""
+    ``(head_dim / 2,)`` float64. Each copy (a 4 x 4 block, two pairs) turns at ``omega_c = base^(-c / n_copies)``."""
     return copy_frequencies(head_dim // 4, base).repeat_interleave(2)
 
 
@@ -207,70 +209,283 @@ def _learning_rate_factor(step: int, config: ExperimentConfig) -> float:
     return 0.5 * (1 + math.cos(math.pi * progress))
 
 
-class Ensemble:
-    """The models of several seeds trained side by side: their parameters stacked, one ``vmap`` per step.
+def _equivalent(first: PositionalEncoding, other: PositionalEncoding) -> bool:
+    """Whether two encodings compute the same function of their parameters: same class, parameters of the same
+    names and shapes, equal buffers and equal public attributes."""
+    if type(first) is not type(other):
+        return False
+    shapes = [{key: value.shape for key, value in e.named_parameters()} for e in (first, other)]
+    buffers, others = dict(first.named_buffers()), dict(other.named_buffers())
+    if shapes[0] != shapes[1] or buffers.keys() != others.keys():
+        return False
+    if any(value.shape != others[key].shape or not torch.equal(value, others[key]) for key, value in buffers.items()):
+        return False
+    public = [{key: value for key, value in vars(e).items() if not key.startswith("_") and key != "training"}
+              for e in (first, other)]
+    try:
+        return bool(public[0] == public[1])
+    except (RuntimeError, TypeError, ValueError):  # an attribute that does not compare to one bool (a tensor)
+        return False
 
-    The seeds never mix: each has its own initialisation, its own data stream and its own loss, and AdamW
-    updates every parameter entry on its own, so this is the same computation as training them one by one,
-    only with fewer Python calls.
+
+class _Method(nn.Module):
+    """Calls one method of an encoding as ``forward``, so that ``functional_call`` can swap its parameters."""
+
+    def __init__(self, encoding: PositionalEncoding, method: str):
+        super().__init__()
+        self.encoding, self.method = encoding, method
+
+    def forward(self, *args):
+        return getattr(self.encoding, self.method)(*args)
+
+
+def _layer_norm(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor) -> torch.Tensor:
+    """Layer norm over the last axis of ``x`` ``(M, ..., d)`` with one ``weight``, ``bias`` ``(M, d)`` per model."""
+    shape = (x.shape[0],) + (1,) * (x.ndim - 2) + (x.shape[-1],)
+    return torch.addcmul(bias.view(shape), nn.functional.layer_norm(x, x.shape[-1:]), weight.view(shape))
+
+
+class Ensemble:
+    """Several models of one configuration trained side by side: every parameter stacked along a leading model
+    axis, one batched operation per step of the forward pass instead of one per model.
+
+    ``name``: an encoding name (one model per seed of ``config``) or a list of names (one group of
+    ``len(config.seeds)`` models per name, in that order: model ``g * n_seeds + s`` has name ``g`` and seed
+    ``s``). ``models``: one model per name and seed to continue from instead (a fine-tune; they are copied, the
+    originals stay as they are).
+
+    The models never mix: each has its own initialisation, data and loss, and AdamW updates every parameter entry
+    on its own, so this is the same computation as training them one by one, up to float rounding (a batched
+    matrix product may add in another order), with far fewer Python calls. Consecutive models whose encodings
+    are equivalent (no parameters, same class, equal tables) share one call of the encoding; an encoding with
+    parameters (the learned table) is called once per model, through ``vmap``.
     """
 
-    def __init__(self, name: str, config: ExperimentConfig, device=None, models=None):
-        self.name, self.config = name, config
+    def __init__(self, name, config: ExperimentConfig, device=None, models=None):
+        names = [name] if isinstance(name, str) else list(name)
+        for each in names:
+            _check_name(each)
         if models is None:
-            self.models = [build_model(name, config, seed, device) for seed in config.seeds]
+            models = [build_model(each, config, seed, device) for each in names for seed in config.seeds]
         else:  # continue from trained models (a fine-tune): copies, so the originals stay as they are
-            if len(models) != len(config.seeds):
-                raise ValueError(f"models must hold one model per seed ({len(config.seeds)}), got {len(models)}")
-            self.models = [copy.deepcopy(model).to(device) for model in models]
-        self.params, _ = stack_module_state(self.models)
-        # buffers (RoPE frequencies, ALiBi slopes, group generators) are fixed tables, the same for every seed
-        self.buffers = dict(self.models[0].named_buffers())
-        for model in self.models[1:]:
-            if any(not torch.equal(value, self.buffers[key]) for key, value in model.named_buffers()):
-                raise ValueError(f"encoding {name!r} has buffers that differ between seeds; they cannot be shared")
-        self._skeleton = copy.deepcopy(self.models[0]).to("meta")
+            if len(models) != len(names) * len(config.seeds):
+                raise ValueError(f"models must hold one model per seed ({len(config.seeds)}) and encoding name, "
+                                 f"got {len(models)}")
+            models = [copy.deepcopy(model).to(device) for model in models]
+        self.name, self.names = name, [each for each in names for _ in config.seeds]
+        self._stack(models, config)
 
-    def logits(self, inputs: torch.Tensor) -> torch.Tensor:
-        """``inputs`` ``(S, B, L)`` (one batch per seed) -> logits ``(S, B, L, V)``."""
-        def one(params, tokens):
-            return functional_call(self._skeleton, (params, self.buffers), (tokens,))
+    @classmethod
+    def from_models(cls, models: list, config: ExperimentConfig) -> "Ensemble":
+        """A stack of copies of built :class:`TinyTransformer` models of ``config``, with any encodings."""
+        if not models or not all(isinstance(model, TinyTransformer) for model in models):
+            raise TypeError("models must be a non-empty list of TinyTransformer")
+        ensemble = cls.__new__(cls)
+        ensemble.name, ensemble.names = None, [None] * len(models)
+        ensemble._stack([copy.deepcopy(model) for model in models], config)
+        return ensemble
 
-        return vmap(one)(self.params, inputs)
+    def _stack(self, models: list, config: ExperimentConfig):
+        self.config, self.models = config, models
+        first = models[0]
+        self.n_heads, self.n_layers = first.blocks[0].n_heads, len(first.blocks)
+        self.device = first.embed.weight.device
+        self.groups = []  # (start, stop, encoding, causal): consecutive models that share one encoding call
+        for index, model in enumerate(models):
+            if self.groups and self.groups[-1][3] == model.causal and _equivalent(self.groups[-1][2], model.encoding):
+                self.groups[-1] = (self.groups[-1][0], index + 1, *self.groups[-1][2:])
+            else:
+                self.groups.append((index, index + 1, model.encoding, model.causal))
+        named = [dict(model.named_parameters()) for model in models]
+        keys = [key for key in named[0] if not key.startswith("encoding.")]
+        if any([key for key in each if not key.startswith("encoding.")] != keys for each in named):
+            raise ValueError("models must share one configuration to be stacked")
+        self.params = {key: torch.stack([each[key].detach() for each in named]).requires_grad_() for key in keys}
+        # the encodings' own parameters (the learned table), stacked per group
+        self.encoding_params = [{key: torch.stack([dict(m.encoding.named_parameters())[key].detach()
+                                                   for m in models[start:stop]]).requires_grad_()
+                                 for key, _ in encoding.named_parameters()}
+                                for start, stop, encoding, _ in self.groups]
+        self._tables, self._callers = {}, {}  # per length: position tables; per group: its encoding's skeleton
+        self._mask_key, self._mask = None, None
+
+    def part(self, start: int, stop: int) -> "Ensemble":
+        """Models ``start .. stop - 1`` as an ensemble that shares this one's parameters (views, no copy)."""
+        part = Ensemble.__new__(Ensemble)
+        part.name, part.names, part.config, part.models = self.name, self.names[start:stop], self.config, \
+            self.models[start:stop]
+        part.n_heads, part.n_layers, part.device = self.n_heads, self.n_layers, self.device
+        part.params = {key: value[start:stop] for key, value in self.params.items()}
+        part.groups, part.encoding_params = [], []
+        for (first, last, encoding, causal), params in zip(self.groups, self.encoding_params):
+            low, high = max(first, start), min(last, stop)
+            if low < high:
+                part.groups.append((low - start, high - start, encoding, causal))
+                part.encoding_params.append({key: value[low - first: high - first] for key, value in params.items()})
+        part._tables, part._callers, part._mask_key, part._mask = {}, {}, None, None
+        return part
+
+    def __len__(self) -> int:
+        return len(self.models)
+
+    def parameters(self) -> list:
+        """Every stacked parameter tensor, for the optimiser."""
+        return list(self.params.values()) + [p for group in self.encoding_params for p in group.values()]
+
+    def _per_model(self, g: int, method: str, *args, positions=None):
+        """``method`` of group ``g``'s encoding, once per model with its own parameters (``vmap``): ``args`` carry
+        a leading model axis, followed by the ``positions`` (shared) as many times as the method takes them."""
+        if (g, method) not in self._callers:
+            self._callers[g, method] = _Method(copy.deepcopy(self.groups[g][2]).to("meta"), method)
+        call = self._callers[g, method]
+        params = {f"encoding.{key}": value for key, value in self.encoding_params[g].items()}
+        shared = (positions,) * (len(args) if method == "encode_qk" else 1)
+        return vmap(lambda p, *a: functional_call(call, p, (*a, *shared)))(params, *args)
+
+    def _position_tables(self, length: int):
+        """Computed once per length for the parameter-free encodings: the input tables ``(M, 1, L, d)`` (None
+        when no model has an input encoding) and the logit bias plus the causal mask ``(M, 1, H, L, L)``."""
+        if length not in self._tables:
+            positions = torch.arange(length, device=self.device)
+            embed = self.params["embed.weight"]
+            inputs, additive = [], []
+            for g, (start, stop, encoding, causal) in enumerate(self.groups):
+                table = torch.zeros(1, length, embed.shape[-1], device=self.device, dtype=embed.dtype)
+                if encoding.kind == "input" and not self.encoding_params[g]:
+                    table = encoding.encode_input(table, positions)
+                inputs.append(table.expand(stop - start, -1, -1))
+                bias = torch.zeros(1, 1, length, length, device=self.device, dtype=embed.dtype)
+                if encoding.kind == "logits" and not self.encoding_params[g]:
+                    bias = bias + encoding.logit_bias(positions, positions).to(embed.dtype)
+                if causal:
+                    bias = bias.masked_fill(positions[:, None] < positions[None, :], float("-inf"))
+                additive.append(bias.expand(stop - start, self.n_heads, length, length))
+            has_input = any(encoding.kind == "input" for _, _, encoding, _ in self.groups)
+            self._tables[length] = (torch.cat(inputs)[:, None] if has_input else None, torch.cat(additive)[:, None])
+        return self._tables[length]
+
+    def _flat_mask(self, length: int, batch: int) -> torch.Tensor:
+        """The logit bias plus causal mask expanded to ``(M B, H, L, L)`` for the fused attention (kept for the
+        last ``(length, batch)`` asked)."""
+        if self._mask_key != (length, batch):
+            additive = self._position_tables(length)[1]
+            self._mask = additive.expand(-1, batch, -1, -1, -1).reshape(len(self) * batch, self.n_heads, length, length)
+            self._mask_key = (length, batch)
+        return self._mask
+
+    def logits(self, inputs: torch.Tensor, return_weights: bool = False):
+        """``inputs`` ``(M, B, L)`` (one batch per model) -> logits ``(M, B, L, V)``; with ``return_weights``
+        also the attention weights of each block, a list of ``(M, B, H, L, L)``."""
+        p, (n_models, batch, length) = self.params, inputs.shape
+        if n_models != len(self):
+            raise ValueError(f"inputs must have shape (M, B, L) with M = {len(self)} models, got {tuple(inputs.shape)}")
+        positions = torch.arange(length, device=inputs.device)
+        input_table, additive = self._position_tables(length)
+        vocab, width = p["embed.weight"].shape[1:]
+        heads, head_dim = self.n_heads, width // self.n_heads
+        offsets = torch.arange(n_models, device=inputs.device)[:, None, None] * vocab
+        x = nn.functional.embedding(inputs + offsets, p["embed.weight"].flatten(0, 1))  # (M, B, L, d)
+        if input_table is not None:
+            x = x + input_table
+        sizes = [stop - start for start, stop, _, _ in self.groups]
+        if any(params and encoding.kind == "input" for (_, _, encoding, _), params in zip(self.groups,
+                                                                                          self.encoding_params)):
+            pieces = list(x.split(sizes))  # split, not slices: its backward is one concatenation
+            for g, (_, _, encoding, _) in enumerate(self.groups):
+                if encoding.kind == "input" and self.encoding_params[g]:  # a table per model (learned)
+                    pieces[g] = self._per_model(g, "encode_input", pieces[g], positions=positions)
+            x = torch.cat(pieces)
+        if any(params and encoding.kind == "logits" for (_, _, encoding, _), params in zip(self.groups,
+                                                                                           self.encoding_params)):
+            raise NotImplementedError("logits encodings with parameters are not stacked")
+        has_qk = any(encoding.kind == "qk" for _, _, encoding, _ in self.groups)
+        weights = []
+        for layer in range(self.n_layers):
+            prefix = f"blocks.{layer}."
+            h = _layer_norm(x, p[prefix + "attention_norm.weight"], p[prefix + "attention_norm.bias"]).flatten(1, 2)
+            w_qkv = torch.cat([p[prefix + key + ".weight"] for key in "qkv"], dim=1)  # (M, 3d, d)
+            qkv = torch.bmm(h, w_qkv.transpose(1, 2)).view(n_models, batch, length, 3, heads, head_dim)
+            q, k, v = qkv.permute(3, 0, 1, 4, 2, 5)  # each (M, B, H, L, D)
+            if has_qk:
+                q_parts, k_parts = list(q.split(sizes)), list(k.split(sizes))
+                for g, (start, stop, encoding, _) in enumerate(self.groups):
+                    if encoding.kind == "qk" and self.encoding_params[g]:
+                        q_parts[g], k_parts[g] = self._per_model(g, "encode_qk", q_parts[g], k_parts[g],
+                                                                 positions=positions)
+                    elif encoding.kind == "qk":
+                        q_parts[g], k_parts[g] = (t.view(stop - start, batch, heads, length, head_dim) for t in
+                                                  encoding.encode_qk(q_parts[g].flatten(0, 1),
+                                                                     k_parts[g].flatten(0, 1), positions, positions))
+                q, k = torch.cat(q_parts), torch.cat(k_parts)
+            if return_weights:
+                attention = torch.softmax(q @ k.transpose(-1, -2) / math.sqrt(head_dim) + additive, dim=-1)
+                weights.append(attention)
+                mixed = attention @ v
+            else:  # the same attention, fused (its scores are never stored whole): about half the time
+                flat = (t.reshape(n_models * batch, heads, length, head_dim) for t in (q, k, v))
+                mixed = nn.functional.scaled_dot_product_attention(*flat, attn_mask=self._flat_mask(length, batch))
+            mixed = mixed.reshape(n_models, batch, heads, length, head_dim).transpose(2, 3).reshape(
+                n_models, batch * length, width)
+            x = x + torch.bmm(mixed, p[prefix + "o.weight"].transpose(1, 2)).view_as(x)
+            h = _layer_norm(x, p[prefix + "mlp_norm.weight"], p[prefix + "mlp_norm.bias"]).flatten(1, 2)
+            h = torch.baddbmm(p[prefix + "mlp.0.bias"][:, None], h, p[prefix + "mlp.0.weight"].transpose(1, 2))
+            h = torch.baddbmm(p[prefix + "mlp.2.bias"][:, None], nn.functional.gelu(h),
+                              p[prefix + "mlp.2.weight"].transpose(1, 2))
+            x = x + h.view_as(x)
+        x = _layer_norm(x, p["norm.weight"], p["norm.bias"]).flatten(1, 2)
+        logits = torch.baddbmm(p["readout.bias"][:, None], x, p["readout.weight"].transpose(1, 2))
+        logits = logits.view(n_models, batch, length, vocab)
+        return (logits, weights) if return_weights else logits
 
     def trained_models(self) -> list:
-        """One ordinary :class:`TinyTransformer` per seed, holding the trained weights."""
+        """One ordinary :class:`TinyTransformer` per model, holding the trained weights."""
         with torch.no_grad():
             for index, model in enumerate(self.models):
-                for key, parameter in model.named_parameters():  # buffers are fixed, identical for every seed
-                    parameter.copy_(self.params[key][index])
+                for key, parameter in model.named_parameters():
+                    if not key.startswith("encoding."):
+                        parameter.copy_(self.params[key][index])
+            for (start, stop, _, _), params in zip(self.groups, self.encoding_params):
+                for index in range(start, stop):
+                    for key, parameter in self.models[index].encoding.named_parameters():
+                        parameter.copy_(params[key][index - start])
         return self.models
 
 
-def train(task: CopyTask, name: str, config: ExperimentConfig, device=None, models=None):
-    """Train one model per seed with AdamW on freshly drawn batches of length ``config.train_length``.
+def train(task, name, config: ExperimentConfig, device=None, models=None):
+    """Train one model per seed and encoding with AdamW on freshly drawn batches of length
+    ``config.train_length``, all of them side by side in one :class:`Ensemble`.
 
-    ``models``: one model per seed to continue from (a fine-tune; they are copied, not changed), else fresh ones.
-    Returns the :class:`Ensemble` and the losses, a float tensor ``(n_seeds, steps)``.
+    ``name``: an encoding name or a list of them; ``task``: one task for all, or a list with one task per name.
+    ``models``: one model per name and seed to continue from (a fine-tune; copied, not changed), else fresh ones.
+    Each seed draws its data from its own generator, so a seed sees the same batches whatever else is trained.
+    Returns the :class:`Ensemble` and the losses, a float tensor ``(n_models, steps)``.
     """
     ensemble = Ensemble(name, config, device, models)
-    optimizer = torch.optim.AdamW(list(ensemble.params.values()), lr=config.learning_rate,
+    names = [name] if isinstance(name, str) else list(name)
+    task_list = list(task) if isinstance(task, (list, tuple)) else [task] * len(names)
+    if len(task_list) != len(names) or not all(isinstance(t, CopyTask) for t in task_list):
+        raise ValueError(f"task must be a CopyTask or a list of {len(names)} CopyTasks (one per name), got {task!r}")
+    # one data stream per (task, seed); model g * n_seeds + s reads stream (task g, seed s)
+    keys = list(dict.fromkeys((id(t), seed) for t in task_list for seed in config.seeds))
+    streams = {key: torch.Generator().manual_seed(key[1]) for key in keys}
+    task_of = {id(t): t for t in task_list}
+    reads = torch.tensor([keys.index((id(t), seed)) for t in task_list for seed in config.seeds])
+    optimizer = torch.optim.AdamW(ensemble.parameters(), lr=config.learning_rate,
                                   weight_decay=config.weight_decay, foreach=True)
     schedule = torch.optim.lr_scheduler.LambdaLR(optimizer, lambda step: _learning_rate_factor(step, config))
-    streams = [torch.Generator().manual_seed(seed) for seed in config.seeds]
     losses = []
     for _ in range(config.steps):
-        batches = [task.sample(config.batch_size, config.train_length, config.vocab_size, stream, device)
-                   for stream in streams]
-        inputs, targets = (torch.stack(parts) for parts in list(zip(*batches))[:2])
+        batches = [task_of[key[0]].sample(config.batch_size, config.train_length, config.vocab_size, streams[key],
+                                          device) for key in keys]
+        inputs, targets = (torch.stack(parts)[reads.to(parts[0].device)] for parts in list(zip(*batches))[:2])
         per_token = nn.functional.cross_entropy(ensemble.logits(inputs).flatten(0, 2), targets.flatten(),
-                                                ignore_index=IGNORE_INDEX, reduction="none").view(len(streams), -1)
-        per_seed = per_token.sum(1) / (targets != IGNORE_INDEX).flatten(1).sum(1)
+                                                ignore_index=IGNORE_INDEX, reduction="none").view(len(reads), -1)
+        per_model = per_token.sum(1) / (targets != IGNORE_INDEX).flatten(1).sum(1)
         optimizer.zero_grad(set_to_none=True)
-        per_seed.sum().backward()  # the seeds share no parameter, so each gets the gradient of its own loss
+        per_model.sum().backward()  # the models share no parameter, so each gets the gradient of its own loss
         optimizer.step()
         schedule.step()
-        losses.append(per_seed.detach())
+        losses.append(per_model.detach())
     return ensemble, torch.stack(losses, dim=1).cpu()
 
 
@@ -291,34 +506,72 @@ def evaluate(model: TinyTransformer, task: CopyTask, length: int, config: Experi
     return (correct.sum() / mask.sum()).item(), per_position.cpu()
 
 
+#: Largest attention-score tensor (elements) one evaluation chunk of stacked models may build (128 MB in float32).
+EVAL_CHUNK_SCORES = 2**25
+
+
+@torch.no_grad()
+def evaluate_ensemble(ensemble: Ensemble, tasks, length: int, config: ExperimentConfig):
+    """:func:`evaluate` for every model of ``ensemble`` at once (in chunks of models, see
+    :data:`EVAL_CHUNK_SCORES`): ``tasks`` one task for all or one per model. Returns ``(overall (M,),
+    per_position (M, L))`` on the CPU."""
+    tasks = list(tasks) if isinstance(tasks, (list, tuple)) else [tasks] * len(ensemble)
+    if len(tasks) != len(ensemble):
+        raise ValueError(f"tasks must hold one task per model ({len(ensemble)}), got {len(tasks)}")
+    data = {id(task): evaluation_data(task, length, config, ensemble.device) for task in tasks}
+    batch = config.eval_batch(length)
+    chunk = max(1, EVAL_CHUNK_SCORES // (batch * ensemble.n_heads * length * length))
+    overall, per_position = [], []
+    for start in range(0, len(ensemble), chunk):
+        stop = min(start + chunk, len(ensemble))
+        inputs, targets, mask = (torch.stack(parts) for parts in zip(*(data[id(t)] for t in tasks[start:stop])))
+        correct = (ensemble.part(start, stop).logits(inputs).argmax(dim=-1) == targets) & mask  # (m, B, L)
+        overall.append(correct.flatten(1).sum(1) / mask.flatten(1).sum(1))
+        per_position.append(correct.sum(1).float() / mask.sum(1).float())  # NaN where no target
+    return torch.cat(overall).cpu(), torch.cat(per_position).cpu()
+
+
 def accuracies(models: list, task: CopyTask, config: ExperimentConfig, lengths=None) -> torch.Tensor:
     """Accuracy of each model (one per seed) at each of ``lengths`` (default ``config.eval_lengths``):
-    ``(n_models, n_lengths)``."""
+    ``(n_models, n_lengths)``, all models evaluated together."""
     lengths = config.eval_lengths if lengths is None else tuple(lengths)
-    return torch.tensor([[evaluate(model, task, length, config)[0] for length in lengths] for model in models])
+    ensemble = Ensemble.from_models(models, config)
+    return torch.stack([evaluate_ensemble(ensemble, task, length, config)[0] for length in lengths], dim=1)
+
+
+def run_plan(plan, config: ExperimentConfig, device=None, progress=None) -> list:
+    """Train every ``(task, encoding name)`` of ``plan`` with every seed, all side by side in one
+    :class:`Ensemble`, and evaluate them at every length: one :class:`Run` per pair and seed, in plan order.
+    ``progress(runs)`` is called with the runs of each pair once all are evaluated."""
+    plan = [(task, _check_name(name)) for task, name in plan]
+    tasks = [task for task, _ in plan]
+    ensemble, losses = train(tasks, [name for _, name in plan], config, device)
+    per_model = [task for task in tasks for _ in config.seeds]
+    results = {length: evaluate_ensemble(ensemble, per_model, length, config) for length in config.eval_lengths}
+    models, seeds, runs = ensemble.trained_models(), len(config.seeds), []
+    for index, (task, name) in enumerate(plan):
+        pair = []
+        for offset, seed in enumerate(config.seeds):
+            m = index * seeds + offset
+            run = Run(task.name, name, seed, losses[m].tolist(), model=models[m])
+            for length, (overall, positions) in results.items():
+                run.accuracy[length], run.position_accuracy[length] = overall[m].item(), positions[m]
+            pair.append(run)
+        runs.extend(pair)
+        if progress is not None:
+            progress(pair)
+    return runs
 
 
 def run_encoding(task: CopyTask, name: str, config: ExperimentConfig, device=None) -> list:
     """Train encoding ``name`` on ``task`` with every seed, evaluate at every length: one :class:`Run` per seed."""
-    ensemble, losses = train(task, name, config, device)
-    runs = []
-    for seed, model, seed_losses in zip(config.seeds, ensemble.trained_models(), losses):
-        run = Run(task.name, name, seed, seed_losses.tolist(), model=model)
-        for length in config.eval_lengths:
-            run.accuracy[length], run.position_accuracy[length] = evaluate(model, task, length, config)
-        runs.append(run)
-    return runs
+    return run_plan([(task, name)], config, device)
 
 
 def run_experiments(tasks, names, config: ExperimentConfig, device=None, progress=None) -> list:
-    """Every task x encoding x seed of ``config``; ``progress(runs)`` is called after each task and encoding."""
-    runs = []
-    for task in tasks:
-        for name in names:
-            runs.extend(run_encoding(task, name, config, device))
-            if progress is not None:
-                progress(runs[-len(config.seeds):])
-    return runs
+    """Every task x encoding x seed of ``config``, trained together (:func:`run_plan`); ``progress(runs)`` is
+    called with the runs of each task and encoding."""
+    return run_plan([(task, name) for task in tasks for name in names], config, device, progress)
 
 
 def accuracy_spread(runs: list, task: str, name: str, length: int) -> tuple:
@@ -407,5 +660,6 @@ def position_probe_r2(hidden: torch.Tensor) -> float:
 
 __all__ = ["ExperimentConfig", "threads", "ENCODINGS", "JORDAN_DAMPING", "jordan_frequencies", "jordan_rotation_generator",
            "with_rope", "fine_tune", "accuracies", "encoding_label", "Block", "TinyTransformer", "build_model", "Run",
-           "Ensemble", "train", "evaluation_data", "evaluate", "run_encoding", "run_experiments", "accuracy_spread",
+           "Ensemble", "train", "evaluation_data", "evaluate", "EVAL_CHUNK_SCORES", "evaluate_ensemble",
+           "run_plan", "run_encoding", "run_experiments", "accuracy_spread",
            "mean_position_accuracy", "results_table", "position_probe_r2"]

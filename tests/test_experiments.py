@@ -7,9 +7,10 @@ import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from posenc.experiments import (ENCODINGS, ExperimentConfig, accuracies, accuracy_spread, build_model,
-                                encoding_label, evaluate, fine_tune, jordan_frequencies, jordan_rotation_generator,
-                                results_table, run_encoding, run_experiments, threads, train, with_rope)
+from posenc.experiments import (ENCODINGS, Ensemble, ExperimentConfig, accuracies, accuracy_spread, build_model,
+                                encoding_label, evaluate, evaluate_ensemble, fine_tune, jordan_frequencies,
+                                jordan_rotation_generator, results_table, run_encoding, run_experiments, run_plan,
+                                threads, train, with_rope)
 from posenc.generators import jordan_generator
 from posenc.tasks import IGNORE_INDEX, CopyBack, FetchPosition, position_blind_accuracy
 
@@ -159,6 +160,73 @@ def test_seeds_trained_side_by_side_equal_seeds_trained_alone():
     for (key, value), (_, single) in zip(together.params.items(), alone.params.items()):
         assert torch.allclose(value[1], single[0], atol=1e-5), key
     assert not torch.allclose(together.params["embed.weight"][0], together.params["embed.weight"][1])
+
+
+def test_the_stack_computes_what_each_model_computes():
+    ensemble = Ensemble(list(ENCODINGS), TINY)
+    tokens = torch.randint(TINY.vocab_size, (len(ensemble), 3, 12), generator=torch.Generator().manual_seed(0))
+    alone = torch.stack([model(tokens[i]) for i, model in enumerate(ensemble.models)])
+    # float32 tolerance: the fused attention adds in another order than softmax(q k^T) v
+    assert torch.allclose(ensemble.logits(tokens), alone, atol=1e-5)
+    logits, weights = ensemble.logits(tokens, return_weights=True)
+    assert torch.allclose(logits, alone, atol=1e-5) and len(weights) == TINY.n_layers
+    reference = [model(tokens[i], return_weights=True)[1][-1] for i, model in enumerate(ensemble.models)]
+    assert torch.allclose(weights[-1], torch.stack(reference), atol=1e-5)
+    part = ensemble.part(3, 9)
+    assert torch.allclose(part.logits(tokens[3:9]), alone[3:9], atol=1e-5)
+    assert part.params["embed.weight"].data_ptr() == ensemble.params["embed.weight"][3].data_ptr()  # a view
+    # equivalent parameter-free encodings share one call; the learned tables stay one per model
+    assert [stop - start for start, stop, _, _ in ensemble.groups] == [len(TINY.seeds)] * len(ENCODINGS)
+    with pytest.raises(ValueError, match="M = "):
+        ensemble.logits(tokens[:2])
+
+
+def test_models_share_an_encoding_call_only_when_their_encodings_agree():
+    models = [build_model("rope", TINY, 0), build_model("rope", TINY, 1)]
+    stretched = with_rope(models[:1], {"rope_type": "linear", "factor": 4.0}, TINY.train_length)
+    causal, bidirectional = build_model("nope-causal", TINY, 0), build_model("nope-bidirectional", TINY, 0)
+    ensemble = Ensemble.from_models(models + stretched + [causal, bidirectional], TINY)
+    assert [(start, stop) for start, stop, _, _ in ensemble.groups] == [(0, 2), (2, 3), (3, 4), (4, 5)]
+    tokens = torch.randint(TINY.vocab_size, (5, 2, 10), generator=torch.Generator().manual_seed(3))
+    alone = torch.stack([model(tokens[i]) for i, model in enumerate(models + stretched + [causal, bidirectional])])
+    assert torch.allclose(ensemble.logits(tokens), alone, atol=1e-5)  # float32: fused attention, another order
+    with pytest.raises(TypeError, match="TinyTransformer"):
+        Ensemble.from_models([], TINY)
+
+
+def test_a_model_trains_the_same_in_a_mixed_stack_as_alone():
+    short = replace(TINY, steps=10)
+    mixed, _ = train([CopyBack(2), FetchPosition(1)], ["learned", "rope"], short)
+    alone, _ = train(FetchPosition(1), "rope", short)
+    seeds = len(short.seeds)
+    for key, value in alone.params.items():
+        assert torch.allclose(mixed.params[key][seeds:], value, atol=1e-5), key
+    learned = mixed.trained_models()[0].encoding.table.table
+    assert torch.equal(learned, mixed.encoding_params[0]["table.table"][0])
+    with pytest.raises(ValueError, match="one per name"):
+        train([CopyBack(2)], ["learned", "rope"], short)
+
+
+def test_stacked_evaluation_agrees_with_one_model_at_a_time():
+    models = train(CopyBack(1), "rope", replace(TINY, steps=10))[0].trained_models()
+    models += train(CopyBack(1), "alibi", replace(TINY, steps=10))[0].trained_models()
+    ensemble = Ensemble.from_models(models, TINY)
+    overall, per_position = evaluate_ensemble(ensemble, CopyBack(1), 24, TINY)
+    for index, model in enumerate(models):
+        single, positions = evaluate(model, CopyBack(1), 24, TINY)
+        # argmax of logits equal to float rounding: at most one target of the batch may flip
+        assert abs(overall[index].item() - single) <= 1 / (TINY.eval_batch(24) * 23) + 1e-9
+        assert torch.allclose(per_position[index], positions, atol=1 / TINY.eval_batch(24) + 1e-6, equal_nan=True)
+    assert accuracies(models, CopyBack(1), TINY).shape == (len(models), len(TINY.eval_lengths))
+
+
+def test_run_plan_keeps_the_plan_order_and_reports_each_pair():
+    seen = []
+    plan = [(CopyBack(2), "alibi"), (FetchPosition(1), "sinusoidal")]
+    runs = run_plan(plan, replace(TINY, steps=5), progress=lambda pair: seen.append((pair[0].task, pair[0].encoding)))
+    assert seen == [("copy 2 back", "alibi"), ("fetch position 1", "sinusoidal")]
+    assert [(r.task, r.encoding, r.seed) for r in runs] == [(t.name, n, s) for t, n in plan for s in TINY.seeds]
+    assert all(set(r.accuracy) == set(TINY.eval_lengths) for r in runs)
 
 
 def test_learned_rows_beyond_the_training_length_are_never_trained():
