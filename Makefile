@@ -107,14 +107,14 @@ lab: $(STAMP)
 	$(PY) -c "import jupyterlab" 2>/dev/null || $(PY) -m pip install --quiet "$(JUPYTERLAB)"
 	PYTHONPATH=$(CURDIR) POSENC_FIGURES=live $(VENV)/bin/jupyter lab --notebook-dir=$(CURDIR) notebooks/01_why_position.ipynb
 
-# chapter 12: the model cache, then perplexity of the real model at 8k-16k tokens -> posenc/data/long_context.json and its
-# sliding-window baseline (the model seeing only the last 8,192 tokens) -> posenc/data/long_context_window.json (tens of minutes)
+# chapter 12: the model cache, then perplexity of the real model at 8k-16k tokens -> posenc/lab/data/long_context.json and its
+# sliding-window baseline (the model seeing only the last 8,192 tokens) -> posenc/lab/data/long_context_window.json (tens of minutes)
 $(MODEL_CACHE): $(STAMP)
-	$(PY) -c "from posenc.language_model import load_language_model as load; print(load().name)"
+	$(PY) -c "from posenc.lab.language_model import load_language_model as load; print(load().name)"
 
 long-context: $(STAMP) $(MODEL_CACHE)
-	nice -n 10 $(PY) -m book.tools.long_context --threads 2 --output posenc/data/long_context.json
-	nice -n 10 $(PY) -m book.tools.long_context --threads 2 --part window --output posenc/data/long_context_window.json
+	nice -n 10 $(PY) -m book.tools.long_context --threads 2 --output posenc/lab/data/long_context.json
+	nice -n 10 $(PY) -m book.tools.long_context --threads 2 --part window --output posenc/lab/data/long_context_window.json
 
 clean:
 	rm -rf _build  # includes _build/cache (chapter 12's converted tokenizer and dequantised weights)

@@ -344,11 +344,11 @@ def redraw_section(names=(), log_dir: Path | None = None) -> dict:
 
     Each chapter is executed on a fresh kernel with live figures, one thread (as run_notebooks.py with two jobs
     gives each) and ``POSENC_REDRAW_LOG`` set, so that every
-    :class:`posenc.interactive.InteractiveFigure` it shows times 7 redraws that step through its sliders
+    :class:`posenc.lab.interactive.InteractiveFigure` it shows times 7 redraws that step through its sliders
     (after one untimed redraw that lays it out) and logs them. ``log_dir`` keeps the logs (default: a temporary
     directory).
     """
-    from posenc.interactive import REDRAW_LOG_ENV
+    from posenc.lab.interactive import REDRAW_LOG_ENV
 
     notebooks = sorted(p for p in (ROOT / "notebooks").glob("*.ipynb")
                        if not names or any(n in p.stem for n in names))
@@ -398,7 +398,7 @@ def execute_for_redraws(notebook: Path, log: Path) -> list:
 
     from book.tools.book_files import hang_guard_seconds
     from book.tools.run_notebooks import kernel_config, kernel_env
-    from posenc.interactive import REDRAW_LOG_ENV
+    from posenc.lab.interactive import REDRAW_LOG_ENV
 
     env = {**kernel_env("live", 1), REDRAW_LOG_ENV: str(log), "PYTHONPATH": str(ROOT)}
     nb = nbformat.read(notebook, as_version=4)

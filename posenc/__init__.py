@@ -4,9 +4,8 @@ Modules, one concept each, in the order of the chapters:
 
 * :mod:`posenc.absolute`: integer, binary, sinusoidal and learned position vectors (and their input plug-ins);
 * :mod:`posenc.encodings`: the plug-in protocol (:class:`PositionalEncoding`, ``kind``) and :class:`NoPE`;
-* :mod:`posenc.attention`: attention that takes any plug-in encoding;
-* :mod:`posenc.embeddings`: real pretrained token and position embeddings (MiniLM offline);
-* :mod:`posenc.rope_frequencies`: RoPE frequency tables for every ``rope_type`` (registry and properties table);
+* :mod:`posenc.multihead`: attention that takes any plug-in encoding;
+* :mod:`posenc.rope_types`: RoPE frequency tables for every ``rope_type`` (registry and properties table);
 * :mod:`posenc.rope`: the rotation in both layouts, :func:`pair_indices`, weight permutation, :class:`RotaryEmbedding`
   (the RoPE plug-in); its speed engine is the private ``posenc._rope_kernels``;
 * :mod:`posenc.rope_analysis`: RoPE's long-range bound, per-pair logits, angle errors;
@@ -17,35 +16,32 @@ Modules, one concept each, in the order of the chapters:
 * :mod:`posenc.group_encodings`: the maps ``exp(tX)`` and ``exp(sum_i p_i X_i)`` (the Lie view) and the plug-ins
   :class:`GroupEncoding`, :class:`MultiGroupEncoding`;
 * :mod:`posenc.jordan`: the numerical real Jordan form of a generator, i.e. the family of its encoding;
-* :mod:`posenc.geometry`: positional distributions, Hellinger distances, classical MDS, stress;
 * :mod:`posenc.context_extension`: wavelengths, turns and trade-offs of stretched frequency tables;
-* :mod:`posenc.tasks` and :mod:`posenc.experiments`: synthetic order tasks and small transformers to train;
-  :mod:`posenc.tables` formats their results;
 * :mod:`posenc.transformers_rope`: a transformers causal LM (Llama, Mistral, Qwen2/3, Gemma 2/3, Phi-3, SmolLM3,
   GPT-NeoX) run with posenc's RoPE, unchanged or with changed tables, pairs or layers (:func:`use_posenc_rope`);
-* :mod:`posenc.language_model`: a real Llama-architecture model (SmolLM2-135M) loaded offline and run with posenc's RoPE;
-* :mod:`posenc.interactive`: live and static sliders from one drawing function.
+* :mod:`posenc.lab`: the book's plumbing (figures, experiments and their tasks and tables, pretrained embeddings,
+  the language-model harness, the geometry of positional distributions); not imported by ``import posenc``.
 
 The public surface below (``__all__``) is what chapters 1 to 6 use and every plug-in encoding; each name has one
-home, the module it is imported from. Every module is imported with the package, so ``posenc.<module>`` works too.
+home, the module it is imported from. Every library module is imported with the
+package, so ``posenc.<module>`` works too; no public function shadows a module.
 
 Import rule of the book's notebooks: ``import posenc`` and the names of ``__all__`` written ``posenc.<name>``; a
-later chapter's own modules imported as ``from posenc import <module>`` and their names written ``<module>.<name>``,
+later chapter's own modules imported as ``from posenc import <module>``
+(the library) or ``from posenc.lab import <module>`` (the lab), and their names written ``<module>.<name>``,
 never ``from posenc.<module> import <name>``. Modules whose names the chapters also use for values keep one alias
 book-wide: ``generators as gens``, ``tables as fmt``, ``tasks as order_tasks``, ``experiments as ex``,
 ``context_extension as ext``, ``language_model as lm_tools``. The one exception: the figure helpers,
-``from posenc.interactive import interactive_figure, show_figure``.
+``from posenc.lab.interactive import interactive_figure, show_figure``.
 """
-from . import (absolute, alibi, attention, context_extension, embeddings, encodings, experiments, generators, geometry,
-               group_encodings, interactive, jordan, language_model, nd_rope, rope, rope_analysis, rope_frequencies,
-               tables, tasks)
+from . import (absolute, alibi, context_extension, encodings, generators, group_encodings, jordan, multihead, nd_rope,
+               rope, rope_analysis, rope_types)
 from .absolute import (LearnedInput, LearnedPositionalEmbedding, SinusoidalInput, binary_encoding,
                        consecutive_distances, integer_encoding, sinusoidal_dot_product, sinusoidal_encoding,
                        sinusoidal_frequencies)
 from .encodings import KINDS, NoPE, PositionalEncoding
-from .attention import attention, causal_mask, merge_heads, self_attention, split_heads
-from .embeddings import load_embeddings
-from .rope_frequencies import (ROPE_FREQUENCY_FUNCTIONS, ROPE_TYPES, check_rope_parameters, rope_frequencies,
+from .multihead import attention, causal_mask, merge_heads, self_attention, split_heads
+from .rope_types import (ROPE_FREQUENCY_FUNCTIONS, ROPE_TYPES, check_rope_parameters, rope_frequencies,
                                rope_parameters_from_config)
 from .rope import (RotaryEmbedding, apply_rope, apply_rope_, apply_rope_qk, interleaved_to_half_permutation, pair_indices,
                    permute_qk_weight, rope_angles, rope_cos_sin, rope_matrix, rotate)
@@ -63,7 +59,6 @@ __all__ = [
     "consecutive_distances", "LearnedPositionalEmbedding",
     # the plug-in protocol and attention (chapter 1)
     "KINDS", "PositionalEncoding", "NoPE", "attention", "self_attention", "causal_mask", "split_heads", "merge_heads",
-    "load_embeddings",
     # RoPE (chapters 5 and 6)
     "ROPE_TYPES", "ROPE_FREQUENCY_FUNCTIONS", "check_rope_parameters", "rope_frequencies", "pair_indices",
     "rope_angles", "rope_cos_sin", "apply_rope", "apply_rope_qk", "apply_rope_", "rotate", "rope_matrix",
@@ -75,3 +70,12 @@ __all__ = [
     # every plug-in encoding, with its family
     "SinusoidalInput", "LearnedInput", "RotaryEmbedding", "ALiBi", "NDRoPE", "GroupEncoding", "MultiGroupEncoding",
 ]
+
+
+def __getattr__(name):
+    # the book's lab is loaded on first use: `import posenc` and help(posenc) show the library
+    if name == "lab":
+        import importlib
+
+        return importlib.import_module(".lab", __name__)
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

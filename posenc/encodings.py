@@ -5,7 +5,7 @@
 * ``kind = "logits"``: a bias added to the attention logits (ALiBi);
 * ``kind = "none"``: nothing (NoPE).
 
-:func:`posenc.attention.self_attention` and :func:`posenc.attention.attention` accept any of them, so a model
+:func:`posenc.multihead.self_attention` and :func:`posenc.multihead.attention` accept any of them, so a model
 swaps encodings by swapping one object. Each plug-in lives with its family: :class:`posenc.absolute.SinusoidalInput`
 and :class:`~posenc.absolute.LearnedInput`, :class:`posenc.rope.RotaryEmbedding`, :class:`posenc.alibi.ALiBi`,
 :class:`posenc.nd_rope.NDRoPE`, and :class:`posenc.group_encodings.GroupEncoding` /

@@ -24,7 +24,7 @@ from ._checks import (_inspectable, check_frequencies, check_generator, check_he
                       require_positive_number, require_tensor)
 from .group_encodings import check_commuting
 from .rope import pair_indices
-from .rope_frequencies import rope_frequencies
+from .rope_types import rope_frequencies
 
 
 def plane_generator(head_dim: int, planes: torch.Tensor, speeds: torch.Tensor) -> torch.Tensor:
@@ -83,7 +83,7 @@ def rope_generator(head_dim: int, base: float = 10_000.0, layout: str = "half", 
     """RoPE as a generator: block skew-symmetric ``(D, D)``, pair ``j`` is ``theta_j [[0, -1], [1, 0]]``.
 
     ``exp(tX)`` equals :func:`posenc.rope_matrix` ``(t, inv_freq, layout)``. ``inv_freq`` ``(D/2,)`` overrides the
-    default frequencies ``theta_j = base^(-2j/D)`` (any table of :mod:`posenc.rope_frequencies` fits).
+    default frequencies ``theta_j = base^(-2j/D)`` (any table of :mod:`posenc.rope_types` fits).
     """
     if inv_freq is None:
         inv_freq = _rope_inv_freq(head_dim, base, device)

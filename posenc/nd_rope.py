@@ -30,7 +30,7 @@ from ._checks import (as_coordinates, check_frequencies, check_head_dim, check_l
                       require_positive_number, require_tensor)
 from .encodings import PositionalEncoding
 from .rope import apply_rope
-from .rope_frequencies import rope_frequencies
+from .rope_types import rope_frequencies
 
 VARIANTS = ("axial", "mixed")
 DEFAULT_BASE = 100.0  # Heo et al. use 100 for axial (10 for mixed) on ViT patch grids, short along each axis

@@ -36,7 +36,7 @@ from ._checks import (LAYOUTS, as_positions, check_head_dim, check_inv_freq, che
                       require_real_floating, require_tensor)
 from ._rope_kernels import RotationEngine, tables_fit
 from .encodings import PositionalEncoding
-from .rope_frequencies import ROPE_TYPES, check_rope_parameters, rope_frequencies
+from .rope_types import ROPE_TYPES, check_rope_parameters, rope_frequencies
 
 
 def _pair_slices(rotary_dim: int, layout: str) -> tuple[slice, slice]:

@@ -26,7 +26,7 @@ import torch
 
 from ._checks import check_inv_freq
 from .rope import apply_rope, rope_cos_sin
-from .rope_frequencies import ROPE_TYPES, check_rope_parameters, per_layer_types, rope_frequencies, rope_parameters_from_config
+from .rope_types import ROPE_TYPES, check_rope_parameters, per_layer_types, rope_frequencies, rope_parameters_from_config
 
 # causal-LM (or base model) class -> its family; the base model holds `rotary_emb` and `layers`
 SUPPORTED = {

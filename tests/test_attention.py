@@ -3,7 +3,7 @@ import pytest
 import torch
 
 import posenc
-from posenc.attention import split_heads
+from posenc.multihead import split_heads
 
 D_MODEL, N_HEADS, LENGTH = 16, 2, 6
 

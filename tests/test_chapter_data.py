@@ -6,7 +6,7 @@ here, so that a different copy of the model fails a named test instead of a chap
 import pytest
 import torch
 
-from posenc.embeddings import load_embeddings
+from posenc.lab.embeddings import load_embeddings
 
 SENTENCE = "The dog chased another dog"
 

@@ -3,7 +3,7 @@ import pytest
 import torch
 
 import posenc
-from posenc.embeddings import load_embeddings, packaged_minilm_path
+from posenc.lab.embeddings import load_embeddings, packaged_minilm_path
 
 
 def test_packaged_minilm_loads_offline_from_safetensors(monkeypatch):
@@ -35,4 +35,4 @@ def test_bad_input():
     with pytest.raises(TypeError, match="text"):
         load_embeddings().embed(42)
     with pytest.raises(TypeError, match="name_or_path"):
-        posenc.embeddings.load_embeddings(3)
+        posenc.lab.embeddings.load_embeddings(3)

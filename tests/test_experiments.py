@@ -1,4 +1,4 @@
-"""posenc.tasks and posenc.experiments: task generators, the tiny transformer, training and its determinism."""
+"""posenc.lab.tasks and posenc.lab.experiments: task generators, the tiny transformer, training and its determinism."""
 import itertools
 from dataclasses import replace
 
@@ -7,12 +7,12 @@ import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from posenc.experiments import (ENCODINGS, Ensemble, ExperimentConfig, accuracies, accuracy_spread, build_model,
+from posenc.lab.experiments import (ENCODINGS, Ensemble, ExperimentConfig, accuracies, accuracy_spread, build_model,
                                 encoding_label, evaluate, evaluate_ensemble, fine_tune, jordan_frequencies,
                                 jordan_rotation_generator, results_table, run_encoding, run_experiments, run_plan,
                                 threads, train, with_rope)
 from posenc.generators import jordan_generator
-from posenc.tasks import IGNORE_INDEX, CopyBack, FetchPosition, position_blind_accuracy
+from posenc.lab.tasks import IGNORE_INDEX, CopyBack, FetchPosition, position_blind_accuracy
 
 TINY = ExperimentConfig(vocab_size=8, train_length=8, length_factors=(1, 2, 4), d_model=16, n_heads=2, n_layers=1,
                         d_mlp=32, steps=40, batch_size=16, learning_rate=1e-2, warmup_steps=5, eval_batch_size=32,

@@ -1,4 +1,4 @@
-"""posenc.geometry: positional distributions, Hellinger distances, classical MDS, stress, ranks."""
+"""posenc.lab.geometry: positional distributions, Hellinger distances, classical MDS, stress, ranks."""
 import math
 
 import mpmath
@@ -8,7 +8,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 import posenc
-from posenc import geometry
+from posenc.lab import geometry
 
 SEEDS = st.integers(0, 2**31 - 1)
 

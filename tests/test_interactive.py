@@ -6,7 +6,7 @@ import time
 
 import pytest
 
-from posenc import interactive
+from posenc.lab import interactive
 
 
 def draw(fig, scale, offset=0.0):

@@ -7,7 +7,7 @@ import pytest
 import torch
 
 import posenc
-from posenc import language_model as L
+from posenc.lab import language_model as L
 
 @pytest.fixture(scope="module")
 def lm():

@@ -100,7 +100,7 @@ def test_wheel_holds_the_licence_the_marker_and_no_numpy(tmp_path):
     with zipfile.ZipFile(wheel) as archive:
         names = archive.namelist()
         metadata = archive.read(next(n for n in names if n.endswith(".dist-info/METADATA"))).decode()
-    assert "posenc/py.typed" in names and "posenc/book.mplstyle" in names
+    assert "posenc/py.typed" in names and "posenc/lab/book.mplstyle" in names
     assert any(n.endswith(".dist-info/licenses/LICENSE") for n in names)
     assert "License-Expression: MIT" in metadata
     requires = [line for line in metadata.splitlines() if line.startswith("Requires-Dist:") and "extra ==" not in line]

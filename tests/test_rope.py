@@ -8,7 +8,7 @@ from hypothesis import strategies as st
 from reference_rope import HEAD_DIM, MAX_POSITIONS, ROPE_CASES, llama_rotary, meta_interleaved_rope, rope_parameters
 
 import posenc
-from posenc.attention import split_heads
+from posenc.multihead import split_heads
 
 positions_strategy = st.floats(min_value=-2000, max_value=2000, allow_nan=False)
 

@@ -6,7 +6,7 @@ import torch
 from reference_rope import HEAD_DIM, MAX_POSITIONS, ROPE_CASES, llama_rotary, rope_parameters
 
 import posenc
-from posenc.rope_frequencies import ROPE_FREQUENCY_FUNCTIONS, ROPE_TYPES
+from posenc.rope_types import ROPE_FREQUENCY_FUNCTIONS, ROPE_TYPES
 
 
 @pytest.mark.parametrize("case", sorted(ROPE_CASES))

@@ -5,7 +5,7 @@ this script stages the executed copies beside _config.yml, _toc.yml and book/, t
 off in the staged config only, and builds into _build/html (MathJax included, from the PyPI package
 sphinx-mathjax-offline). Then make_offline.py checks that the site loads nothing from the network.
 
-Static figures of the executed notebooks are PNG files in _build/frames (posenc.interactive writes them there,
+Static figures of the executed notebooks are PNG files in _build/frames (posenc.lab.interactive writes them there,
 content-addressed, and the pages refer to them as ``../_static/frames/<sha1>.png``): the files the staged
 pages refer to are copied into the staged book/_static/frames, which Sphinx copies into _build/html/_static.
 With ``POSENC_PUBLISH_REF=<commit>`` (the Pages workflow sets it) the pages are a published build: each page's
@@ -32,7 +32,7 @@ import yaml
 from book.tools.book_files import ROOT, executed_dir, toc_entries
 from book.tools.make_offline import main as check_offline
 from book.tools.repository import colab_link_settings, pin_notebook, publish_ref, write_pinned_notebooks
-from posenc.interactive import FRAMES_DIR_ENV
+from posenc.lab.interactive import FRAMES_DIR_ENV
 
 STAGE = ROOT / "_build" / "stage"
 PUBLISHED_REF_FILE = ROOT / "_build" / "html-published-ref.txt"  # the commit the last build pinned ("" if local)
@@ -40,7 +40,7 @@ FRAME_URL = re.compile(r"_static/frames/([0-9a-f]{20}\.png)")
 
 
 def frames_dir() -> Path:
-    """Where the notebooks' kernels wrote static figure files (see posenc.interactive.frames_dir)."""
+    """Where the notebooks' kernels wrote static figure files (see posenc.lab.interactive.frames_dir)."""
     return Path(os.environ.get(FRAMES_DIR_ENV) or ROOT / "_build" / "frames")
 
 

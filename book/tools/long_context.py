@@ -1,7 +1,7 @@
 """Perplexity of SmolLM2-135M-Instruct beyond its trained 8,192 tokens with posenc's context-extension tables.
 
 One forward pass per method over ``--length`` tokens of the offline text (``pydoc_data.topics``, see
-:func:`posenc.language_model.corpus_tokens`) gives the next-token loss at every position. A causal model's loss at
+:func:`posenc.lab.language_model.corpus_tokens`) gives the next-token loss at every position. A causal model's loss at
 position ``t`` depends only on tokens ``<= t``, so for a frequency table that does not depend on the sequence
 length the losses of one 16k pass are those of every shorter horizon. Dynamic NTK does depend on it: its band
 ``[a, b)`` is read from a pass of length ``b`` (an 8k pass is plain RoPE, a 16k pass is NTK-aware with s = 2, and
@@ -16,8 +16,8 @@ only matches it has merely stopped breaking. It is written to its own file (``lo
 
 Usage (what ``make long-context`` runs)::
 
-    nice -n 10 python -m book.tools.long_context --threads 2 --output posenc/data/long_context.json
-    nice -n 10 python -m book.tools.long_context --threads 2 --part window --output posenc/data/long_context_window.json
+    nice -n 10 python -m book.tools.long_context --threads 2 --output posenc/lab/data/long_context.json
+    nice -n 10 python -m book.tools.long_context --threads 2 --part window --output posenc/lab/data/long_context_window.json
 """
 from __future__ import annotations
 
@@ -164,7 +164,7 @@ def main(argv=None) -> int:
         parser.error(f"--length must be > {TRAINED} and a multiple of --bin")
 
     import posenc
-    from posenc import language_model as lm_module
+    from posenc.lab import language_model as lm_module
 
     torch.set_num_threads(args.threads)
     lm = lm_module.load_language_model()

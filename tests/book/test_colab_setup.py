@@ -228,7 +228,7 @@ def picture(view):
 LIVE_WIDGET_CELLS = [
     inspect.getsource(picture),
     """
-    import posenc.interactive as interactive
+    import posenc.lab.interactive as interactive
     from IPython.display import display
 
     assert interactive.figure_mode() == "live"

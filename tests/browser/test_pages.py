@@ -90,7 +90,7 @@ CODE_SHARE_JS = r"""
 }
 """
 
-# Per image of the article: natural / displayed width and, where posenc.interactive recorded the figure's
+# Per image of the article: natural / displayed width and, where posenc.lab.interactive recorded the figure's
 # smallest font (points) and width (inches), that text's size in CSS px at the displayed width.
 IMAGES_JS = r"""
 () => Array.from((document.querySelector('article.bd-article') || document.body).querySelectorAll('img'))

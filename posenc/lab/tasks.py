@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import torch
 
-from ._checks import require_int
+from .._checks import require_int
 
 IGNORE_INDEX = -100  # torch.nn.functional.cross_entropy skips these targets by default
 

@@ -1,6 +1,6 @@
-"""Train small transformers with every encoding of the book on the tasks of :mod:`posenc.tasks`.
+"""Train small transformers with every encoding of the book on the tasks of :mod:`posenc.lab.tasks`.
 
-The model is a pre-norm transformer of a few layers whose attention is :func:`posenc.attention.self_attention`,
+The model is a pre-norm transformer of a few layers whose attention is :func:`posenc.multihead.self_attention`,
 so the positional encoding is one :class:`posenc.encodings.PositionalEncoding` object: an "input" encoding is
 added once to the token embeddings, a "qk" or "logits" encoding acts inside every attention layer.
 Training and evaluation run many models at once in an :class:`Ensemble` (every weight stacked along a model axis,
@@ -19,14 +19,14 @@ from torch import nn
 from torch.func import functional_call, vmap
 
 from . import tables
-from ._checks import require_int
-from .absolute import LearnedInput, SinusoidalInput
-from .alibi import ALiBi
-from .attention import self_attention
-from .encodings import NoPE, PositionalEncoding
-from .generators import copy_frequencies, jordan_generator, xpos_generator
-from .group_encodings import GroupEncoding
-from .rope import RotaryEmbedding
+from .._checks import require_int
+from ..absolute import LearnedInput, SinusoidalInput
+from ..alibi import ALiBi
+from ..multihead import self_attention
+from ..encodings import NoPE, PositionalEncoding
+from ..generators import copy_frequencies, jordan_generator, xpos_generator
+from ..group_encodings import GroupEncoding
+from ..rope import RotaryEmbedding
 from .tasks import IGNORE_INDEX, CopyTask
 
 
@@ -623,7 +623,7 @@ def fine_tune(models: list, task: CopyTask, config: ExperimentConfig, length: in
 
 
 def results_table(runs: list, config: ExperimentConfig, baselines: dict | None = None, html: bool = False) -> str:
-    """One row per task and encoding, ``mean (min-max)`` accuracy in % at each length (see :func:`posenc.tables.format_table`).
+    """One row per task and encoding, ``mean (min-max)`` accuracy in % at each length (see :func:`posenc.lab.tables.format_table`).
 
     ``baselines``: optional ``{task name: {row label: {length: accuracy}}}``, printed as extra rows of that task.
     """

@@ -1,0 +1,13 @@
+"""The book's lab: what the chapters use around the library, not what a model needs.
+
+* :mod:`posenc.lab.interactive`: live and static sliders from one drawing function;
+* :mod:`posenc.lab.tasks` and :mod:`posenc.lab.experiments`: synthetic order tasks and small transformers to train;
+  :mod:`posenc.lab.tables` formats their results;
+* :mod:`posenc.lab.embeddings`: real pretrained token and position embeddings (MiniLM offline);
+* :mod:`posenc.lab.language_model`: a real Llama-architecture model (SmolLM2-135M) loaded offline and run with
+  posenc's RoPE;
+* :mod:`posenc.lab.geometry`: positional distributions, Hellinger distances, classical MDS, stress.
+
+``import posenc`` does not import it; ``posenc.lab`` (or ``from posenc.lab import <module>``) does.
+"""
+from . import embeddings, experiments, geometry, interactive, language_model, tables, tasks  # noqa: F401
