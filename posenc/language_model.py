@@ -239,7 +239,7 @@ def rope_forward(lm: LanguageModel, input_ids: torch.Tensor, inv_freq: torch.Ten
                 captured[index] = (q.clone(), k.clone())
             if mask is not None:
                 q, k = q * mask, k * mask
-            q, k = apply_rope(q, cos, sin), apply_rope(k, cos, sin)
+            q, k = apply_rope(q, cos, sin, seq_dim=-2), apply_rope(k, cos, sin, seq_dim=-2)  # (B, H, T, D)
             out = F.scaled_dot_product_attention(q, k, v, is_causal=True, scale=attn.scaling,
                                                  enable_gqa=q.shape[1] != k.shape[1])
             hidden = hidden + attn.o_proj(out.transpose(1, 2).reshape(batch, length, -1))
@@ -302,8 +302,8 @@ def pair_statistics(q: torch.Tensor, k: torch.Tensor, inv_freq: torch.Tensor) ->
     q_norm = by_pair(q.double()).norm(dim=2).mean(1)
     k_norm = by_pair(k.double()).norm(dim=2).mean(1)
     cos, sin = rope_cos_sin(torch.arange(length), inv_freq.float())
-    qr = by_pair(apply_rope(q.float(), cos, sin))
-    kr = by_pair(apply_rope(k.float(), cos, sin))
+    qr = by_pair(apply_rope(q.float(), cos, sin, seq_dim=-2))
+    kr = by_pair(apply_rope(k.float(), cos, sin, seq_dim=-2))
     causal = torch.tril(torch.ones(length, length))
     # (H, P, L, L): pair i's term of every logit; float32 is ample for shares of a sum
     contribution = torch.einsum("hmcp,hncp->hpmn", qr, kr).abs_().mul_(causal)
@@ -321,7 +321,7 @@ def attention_probabilities(q: torch.Tensor, k: torch.Tensor, inv_freq: torch.Te
     length = q.shape[1]
     k = k.repeat_interleave(q.shape[0] // k.shape[0], dim=0)
     cos, sin = rope_cos_sin(torch.arange(length), inv_freq.float(), attention_factor)
-    scores = apply_rope(q, cos, sin) @ apply_rope(k, cos, sin).transpose(-1, -2) * scale
+    scores = apply_rope(q, cos, sin, seq_dim=-2) @ apply_rope(k, cos, sin, seq_dim=-2).transpose(-1, -2) * scale
     return scores.masked_fill(~causal_mask(length, length, device=q.device), float("-inf")).softmax(-1)
 
 
