@@ -120,7 +120,7 @@ def rotate_nd(x: torch.Tensor, positions, frequencies: torch.Tensor, layout: str
     """N-D RoPE in one call: ``x`` ``(..., L, D)`` rotated at ``positions`` ``(L, n_axes)``; ``D >= 2 P``."""
     require_tensor("x", x)
     cos, sin = nd_rope_cos_sin(positions, frequencies.to(x.device))
-    return apply_rope(x, cos, sin, layout)
+    return apply_rope(x, cos, sin, layout, seq_dim=-2)  # x: (..., L, D), the sequence axis second to last
 
 
 def mrope_frequencies(head_dim: int, sections, base: float = 10_000.0, interleaved: bool = False,

@@ -76,3 +76,11 @@ def test_import_posenc_is_the_library():
     modules = {info.name for info in pkgutil.iter_modules(posenc.__path__)}
     assert not modules & set(posenc.__all__), modules & set(posenc.__all__)
     assert posenc.lab.interactive.__name__ == f"{P}.lab.interactive"
+
+
+def test_paths_to_the_repository_root_climb_one_more_level():
+    text = ("root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))\n"
+            "cache = Path(__file__).resolve().parents[1] / 'x'\nbeside = Path(__file__).resolve().parent / 'data'\n")
+    assert reorg.deepen_root_paths(text) == (
+        "root = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))\n"
+        "cache = Path(__file__).resolve().parents[2] / 'x'\nbeside = Path(__file__).resolve().parent / 'data'\n")

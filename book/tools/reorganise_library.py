@@ -218,6 +218,15 @@ def git(*args: str) -> None:
     subprocess.run(["git", *args], cwd=ROOT, check=True)
 
 
+def deepen_root_paths(text: str) -> str:
+    """A module moved one folder down: paths it builds from ``__file__`` to the repository root climb one level
+    more (paths to files beside it, which moved with it, stay). Applied once, when the file moves."""
+    text = text.replace("os.path.dirname(os.path.dirname(os.path.abspath(__file__)))",
+                        "os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))")
+    return re.sub(r"Path\(__file__\)\.resolve\(\)\.parents\[([1-9])\]",
+                  lambda m: f"Path(__file__).resolve().parents[{int(m.group(1)) + 1}]", text)
+
+
 def move_files(dry_run: bool) -> list[str]:
     moves = [(PACKAGE / f"{name}.py", PACKAGE / "lab" / f"{name}.py") for name in LAB]
     moves += [(PACKAGE / name, PACKAGE / "lab" / name) for name in LAB_FILES]
@@ -229,6 +238,8 @@ def move_files(dry_run: bool) -> list[str]:
             if not dry_run:
                 target.parent.mkdir(exist_ok=True)
                 git("mv", str(source.relative_to(ROOT)), str(target.relative_to(ROOT)))
+                if target.suffix == ".py" and target.parent.name == "lab":
+                    target.write_text(deepen_root_paths(target.read_text()))
     lab_init = PACKAGE / "lab" / "__init__.py"
     if not lab_init.exists():
         done.append("posenc/lab/__init__.py (new)")
