@@ -347,3 +347,18 @@ def test_bad_input():
         make().update(size=3)
     with pytest.raises(TypeError, match="draw"):
         interactive.InteractiveFigure(None, {"scale": [1, 2]}, "c")
+
+
+def test_the_lab_finds_the_checkout_it_runs_from(monkeypatch):
+    """posenc/lab/ sits two levels below the checkout: static frames and the model cache go to its _build/."""
+    from pathlib import Path
+
+    from posenc.lab import interactive as lab_interactive
+    from posenc.lab import language_model
+
+    root = Path(__file__).resolve().parents[1]
+    monkeypatch.delenv(lab_interactive.FRAMES_DIR_ENV, raising=False)
+    monkeypatch.setenv("POSENC_FIGURES", "static")
+    assert lab_interactive.frames_dir() == str(root / "_build" / "frames")
+    monkeypatch.delenv(language_model.CACHE_ENV, raising=False)
+    assert language_model.default_cache_dir() == root / "_build" / "cache"

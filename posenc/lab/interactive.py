@@ -190,7 +190,7 @@ def frames_dir() -> str | None:
     if chosen is not None:
         return chosen.strip() or None
     if os.environ.get("POSENC_FIGURES", "").strip().lower() == "static":
-        root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+        root = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))  # posenc/lab/ -> checkout
         if os.path.exists(os.path.join(root, "_toc.yml")):
             return os.path.join(root, "_build", "frames")
     return None

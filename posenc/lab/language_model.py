@@ -49,7 +49,7 @@ def default_cache_dir() -> Path | None:
     """``$POSENC_CACHE_DIR`` if set, else ``_build/cache`` of the source checkout posenc runs from, else ``None``."""
     if os.environ.get(CACHE_ENV):
         return Path(os.environ[CACHE_ENV])
-    root = Path(__file__).resolve().parents[1]
+    root = Path(__file__).resolve().parents[2]  # posenc/lab/language_model.py -> the checkout
     return root / "_build" / "cache" if (root / "pyproject.toml").is_file() else None
 
 
