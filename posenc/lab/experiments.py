@@ -398,6 +398,9 @@ class Ensemble:
         if any(params and encoding.kind == "logits" for (_, _, encoding, _), params in zip(self.groups,
                                                                                            self.encoding_params)):
             raise NotImplementedError("logits encodings with parameters are not stacked")
+        if any(encoding.kind == "content" for _, _, encoding, _ in self.groups):
+            raise NotImplementedError("content encodings (posenc.data_dependent) are not stacked; train a "
+                                      "TinyTransformer on its own")
         has_qk = any(encoding.kind == "qk" for _, _, encoding, _ in self.groups)
         weights = []
         for layer in range(self.n_layers):
