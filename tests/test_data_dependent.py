@@ -1,6 +1,7 @@
 """CoPE, FoX and PaTH (posenc.data_dependent) against slow loops over positions, the axioms they give up, and the
 "content" kind of the plug-in protocol."""
 import math
+from dataclasses import replace
 
 import pytest
 import torch
@@ -8,6 +9,7 @@ import torch
 import posenc
 from posenc import data_dependent as dd
 from posenc.lab import experiments as ex
+from posenc.lab import tasks as order_tasks
 
 B, H, L, D, WIDTH = 2, 2, 6, 4, 5
 CAUSAL = torch.ones(L, L, dtype=torch.bool).tril()
@@ -237,14 +239,37 @@ def test_content_encodings_refuse_bad_input():
     assert "content" in posenc.KINDS
 
 
-def test_tiny_transformer_runs_and_the_ensemble_refuses_content_encodings():
-    config = ex.ExperimentConfig(d_model=8, n_heads=2, n_layers=1, d_mlp=8, vocab_size=5, seeds=(0,))
-    torch.manual_seed(0)
-    model = ex.TinyTransformer(config, dd.FoX(config.d_model, config.n_heads), causal=True)
-    tokens = torch.randint(5, (2, 7))
-    assert model(tokens).shape == (2, 7, 5)
-    with pytest.raises(NotImplementedError, match="content"):
-        ex.Ensemble.from_models([model], config).logits(tokens[None])
+TINY = ex.ExperimentConfig(vocab_size=8, train_length=6, length_factors=(1, 2), d_model=8, n_heads=2, n_layers=1,
+                           d_mlp=8, steps=3, batch_size=4, warmup_steps=1, eval_batch_size=4, eval_tokens=24,
+                           seeds=(0, 1))
+
+
+def test_the_stack_computes_what_each_content_model_computes():
+    """The Ensemble runs the content encodings per model (vmap) beside a parameter-free one: the same logits and
+    weights as each TinyTransformer alone."""
+    names = ["cope", "fox", "path", "alibi"]
+    ensemble = ex.Ensemble(names, TINY)
+    assert [stop - start for start, stop, _, _ in ensemble.groups] == [2] * len(names)
+    tokens = torch.randint(TINY.vocab_size, (len(ensemble), 2, 7), generator=_gen(15))
+    alone = torch.stack([model(tokens[i]) for i, model in enumerate(ensemble.models)])
+    logits, weights = ensemble.logits(tokens, return_weights=True)
+    # float32: the stacked matrix products may add in another order
+    assert torch.allclose(ensemble.logits(tokens), alone, atol=1e-5)
+    assert torch.allclose(logits, alone, atol=1e-5)
+    reference = [model(tokens[i], return_weights=True)[1][-1] for i, model in enumerate(ensemble.models)]
+    assert torch.allclose(weights[-1], torch.stack(reference), atol=1e-5)
+    assert ex.encoding_label("path") == "PaTH" and "cope" not in ex.ENCODINGS  # chapter 11's table is unchanged
+
+
+def test_content_encodings_train_in_the_harness():
+    config = replace(TINY, seeds=(0,))
+    runs = ex.run_plan([(order_tasks.CopyAfterMarker(k=1), name) for name in ("cope", "fox", "path")], config)
+    assert [run.encoding for run in runs] == ["cope", "fox", "path"]
+    for run in runs:
+        assert all(math.isfinite(loss) for loss in run.losses)
+        assert set(run.accuracy) == set(TINY.eval_lengths)
+    trained = {run.encoding: run.model.encoding for run in runs if run.seed == 0}
+    assert trained["cope"].embeddings.abs().sum().item() > 0  # the zero-initialised embeddings were trained
 
 
 @pytest.mark.parametrize("make", [_cope, _fox, _path], ids=["cope", "fox", "path"])
