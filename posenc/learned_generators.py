@@ -296,5 +296,67 @@ def relative_spread(generators: torch.Tensor, q: torch.Tensor, k: torch.Tensor, 
     return logits.max() - logits.min()
 
 
+# fitting a score map -------------------------------------------------------------------------------------------
+def _check_pairs(query_positions, key_positions, target):
+    require_tensor("target", target)
+    for name, positions in (("query_positions", query_positions), ("key_positions", key_positions)):
+        require_tensor(name, positions)
+        if positions.ndim != 2:
+            raise ValueError(f"{name} must have shape (N, n_axes), got {tuple(positions.shape)}")
+    if query_positions.shape != key_positions.shape or target.shape != query_positions.shape[:1]:
+        raise ValueError(f"query_positions and key_positions must both have shape (N, n_axes) and target (N,), got "
+                         f"{tuple(query_positions.shape)}, {tuple(key_positions.shape)} and {tuple(target.shape)}")
+
+
+def relative_floor(query_positions: torch.Tensor, key_positions: torch.Tensor, target: torch.Tensor) -> float:
+    """The smallest mean squared error any relative encoding can reach on ``target`` ``(N,)``: a relative score is
+    one number per offset ``key - query``, so the best it can do is the mean of the target over the pairs of each
+    offset, and its error is the target's variance within offsets. ``query_positions``, ``key_positions``:
+    ``(N, n_axes)``."""
+    _check_pairs(query_positions, key_positions, target)
+    offsets = key_positions - query_positions
+    _, group = torch.unique(offsets, dim=0, return_inverse=True)
+    target = target.double()
+    count = torch.zeros(int(group.max()) + 1, dtype=torch.float64).index_add_(0, group, torch.ones_like(target))
+    mean = torch.zeros_like(count).index_add_(0, group, target) / count
+    return (target - mean[group]).square().mean().item()
+
+
+def fit_scores(encoding, query_positions: torch.Tensor, key_positions: torch.Tensor, target: torch.Tensor,
+               steps: int = 200, lr: float = 0.05, seed: int = 0):
+    """Train ``encoding`` (a "qk" plug-in taking coordinates ``(N, n_axes)``: :class:`ComRoPE`, :class:`LieRE`,
+    :class:`CayleySTRING` or :class:`posenc.nd_rope.NDRoPE` without a coordinates table) and one content vector
+    ``c`` (used as query and key) with Adam so that the normalised score ``<R(p_q) c, R(p_k) c> / |c|^2`` of each
+    pair matches ``target`` ``(N,)`` in mean squared error; chapter 7's :func:`posenc.nd_rope.fit_score_map` for any
+    pair of positions, so that non-relative targets can be asked for.
+
+    The content starts from the generator seed ``seed`` (the encoding keeps its own initialisation). Returns
+    ``(loss, score (N,))`` of the final parameters; the encoding is trained in place.
+    """
+    _check_pairs(query_positions, key_positions, target)
+    require_int("steps", steps, minimum=1)
+    if not isinstance(encoding, (_LearnedGenerators, NDRoPE)):
+        raise TypeError(f"encoding must be a ComRoPE, LieRE, CayleySTRING or NDRoPE, got {type(encoding).__name__}")
+    head_dim = encoding.head_dim if isinstance(encoding, _LearnedGenerators) else 2 * encoding.weights.shape[0]
+    content = nn.Parameter(torch.randn(head_dim, generator=torch.Generator().manual_seed(seed)))
+    optimizer = torch.optim.Adam([*encoding.parameters(), content], lr=lr)
+    n = len(target)
+
+    def scores():
+        vectors = content.expand(n, -1)[None, None]
+        q, k = encoding.encode_qk(vectors, vectors, query_positions, key_positions)
+        return (q * k).sum(-1)[0, 0] / content.square().sum()
+
+    for _ in range(steps):
+        loss = (scores() - target).square().mean()
+        optimizer.zero_grad()
+        loss.backward()
+        optimizer.step()
+    with torch.no_grad():
+        final = scores()
+    return (final - target).square().mean().item(), final
+
+
 __all__ = ["COMROPE_VARIANTS", "skew", "cayley", "block_diagonal_generators", "ComRoPE", "LieRE", "CayleySTRING",
-           "fold_into_projection", "max_commutator_norm", "logits_at_offset", "relative_spread"]
+           "fold_into_projection", "max_commutator_norm", "logits_at_offset", "relative_spread", "relative_floor",
+           "fit_scores"]

@@ -193,3 +193,51 @@ def test_learned_generators_train():
         q, k, v = (torch.randn(1, 1, 6, 8) for _ in range(3))
         posenc.attention(q, k, v, encoding=enc).square().sum().backward()
         assert all(p.grad is not None and torch.isfinite(p.grad).all() for p in enc.parameters())
+
+
+def _all_pairs(size=3):
+    points = grid_positions(size, size).double()
+    qi, ki = torch.meshgrid(torch.arange(len(points)), torch.arange(len(points)), indexing="ij")
+    return points[qi.flatten()], points[ki.flatten()]
+
+
+def test_relative_floor_is_the_within_offset_variance():
+    qp, kp = _all_pairs()
+    target = torch.randn(len(qp), generator=_gen(30), dtype=torch.float64)
+    groups = {}
+    for i, offset in enumerate((kp - qp).tolist()):
+        groups.setdefault(tuple(offset), []).append(target[i].item())
+    slow = sum(sum((x - sum(v) / len(v)) ** 2 for x in v) for v in groups.values()) / len(target)
+    assert lg.relative_floor(qp, kp, target) == pytest.approx(slow, rel=1e-12)
+    relative = torch.cos((kp - qp) @ torch.tensor([0.7, -0.4], dtype=torch.float64))
+    assert lg.relative_floor(qp, kp, relative) < 1e-28  # one value per offset: no variance left
+    with pytest.raises(ValueError, match="target"):
+        lg.relative_floor(qp, kp, target[:-1])
+
+
+def test_lieRE_represents_a_score_map_no_relative_encoding_can_fit():
+    """A LieRE score map (non-commuting generators) is matched exactly by LieRE with those generators, while every
+    relative encoding stays above the within-offset variance; trained commuting encodings never go below it."""
+    qp, kp = _all_pairs()
+    lie = lg.LieRE(4, 2, scale=0.4, generator=_gen(31)).double()
+    c = torch.randn(4, generator=_gen(32), dtype=torch.float64)
+    vectors = c.expand(len(qp), -1)[None, None]
+    q, k = lie.encode_qk(vectors, vectors, qp, kp)
+    target = ((q * k).sum(-1)[0, 0] / c.square().sum()).detach()
+    floor = lg.relative_floor(qp, kp, target)
+    assert floor > 1e-3
+    for enc in (lg.ComRoPE(4, 2, block_size=2, generator=_gen(33)), lg.CayleySTRING(4, 2, scale=0.3, generator=_gen(33))):
+        loss, score = lg.fit_scores(enc.double(), qp, kp, target, steps=8, lr=0.1)
+        assert loss >= floor * (1 - 1e-9)  # a relative score is one number per offset: exact bound
+        assert score.shape == target.shape
+
+
+def test_fit_scores_trains_towards_a_relative_target():
+    qp, kp = _all_pairs()
+    target = 0.8 * torch.cos((kp - qp) @ torch.tensor([0.7, -0.4], dtype=torch.float64))
+    enc = lg.ComRoPE(4, 2, block_size=2, variant="ld", generator=_gen(34)).double()
+    before, _ = lg.fit_scores(enc, qp, kp, target, steps=1, lr=0.0)
+    after, _ = lg.fit_scores(enc, qp, kp, target, steps=20, lr=0.1)
+    assert after < 0.5 * before
+    with pytest.raises(TypeError, match="encoding"):
+        lg.fit_scores(torch.nn.Linear(2, 2), qp, kp, target)
