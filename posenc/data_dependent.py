@@ -150,6 +150,12 @@ class FoX(ContentEncoding):
         gates = hidden.to(dtype) @ self.gate_weight.to(dtype).T + self.gate_bias.to(dtype)
         return nn.functional.logsigmoid(gates).transpose(-1, -2)
 
+    def clock(self, hidden: torch.Tensor) -> torch.Tensor:
+        """The learned time ``tau_t = -sum_{u <= t} log f_u`` ``(B, H, L)``, increasing: the bias is ``-(tau_i - tau_j)``,
+        causal ALiBi with slope 1 read at the times ``tau`` (chapter 8's unipotent block
+        :func:`posenc.generators.alibi_generator` at real times; GRAPE's additive form, arXiv 2512.07805)."""
+        return -self.log_forget_gates(hidden).cumsum(-1)
+
     def bias(self, hidden: torch.Tensor, query_length: int | None = None) -> torch.Tensor:
         """``sum_{l = j+1..i} log f_l`` for the last ``query_length`` tokens (default all) against every token:
         ``(B, H, Lq, Lk)`` (entries with ``j > i`` are the negated sum; the causal mask removes them)."""

@@ -205,6 +205,21 @@ def test_fox_is_alibi_on_a_learned_clock():
     assert torch.allclose(_lower(enc.bias(hidden)), _lower(-(tau[..., :, None] - tau[..., None, :])), atol=1e-12)
     assert bool((tau.diff(dim=-1) > 0).all())  # the clock only moves forward: log f < 0
     assert dd.AXIOMS["FoX"]["translation invariance"] == "clock"
+    assert torch.equal(enc.clock(hidden), tau)
+
+
+def test_fox_is_the_unipotent_alibi_block_at_learned_times():
+    """Chapter 8's ALiBi as a group encoding, exp(tN) with N = [[0, 1], [0, 0]] and the constant vectors of
+    alibi_vectors(slope 1), read at the real times tau of FoX's clock, gives FoX's bias (GRAPE's additive form)."""
+    _, _, _, hidden = _data(16)
+    enc = _fox()
+    tau, bias = enc.clock(hidden).detach(), enc.bias(hidden).detach()
+    group = posenc.GroupEncoding(posenc.generators.alibi_generator(torch.float64))
+    q_bar, k_bar = posenc.generators.alibi_vectors(torch.ones(1, dtype=torch.float64))
+    for b in range(B):
+        for h in range(H):
+            q, k = group.encode_qk(q_bar.expand(1, 1, L, 2), k_bar[0].expand(1, 1, L, 2), tau[b, h], tau[b, h])
+            assert torch.allclose((q @ k.transpose(-1, -2))[0, 0][CAUSAL], bias[b, h][CAUSAL], atol=1e-12)
 
 
 def test_path_maps_are_not_a_one_parameter_group():
@@ -280,3 +295,16 @@ def test_content_encodings_train_in_float32(make):
     assert out.dtype == torch.float32
     out.square().sum().backward()
     assert all(p.grad is not None and torch.isfinite(p.grad).all() for p in enc.parameters())
+
+
+@pytest.mark.parametrize("make", [_cope_unclamped, _fox, _path], ids=["cope", "fox", "path"])
+def test_with_constant_content_the_logit_is_a_function_of_the_offset(make):
+    """The control: when every token is the same (one q, one k, one hidden state), each encoding's logit depends on
+    the offset alone (CoPE: position g (i - j + 1); FoX: ALiBi with slope -log f; PaTH: H^(i - j)), so the
+    dependence on more than the offset comes from the content."""
+    q, k, _, hidden = _data(17)
+    q, k, hidden = q[:, :, :1].expand(-1, -1, L, -1), k[:, :, :1].expand(-1, -1, L, -1), hidden[:, :1].expand(-1, L, -1)
+    logits = make().content_logits(q, k, hidden=hidden, allowed=CAUSAL).detach()
+    for offset in range(L):
+        diagonal = torch.diagonal(logits, offset=-offset, dim1=-2, dim2=-1)  # (B, H, L - offset): pairs i - j = offset
+        assert torch.allclose(diagonal, diagonal[..., :1].expand_as(diagonal), atol=1e-12)
