@@ -27,6 +27,9 @@ some ``beta_t = 1``) but its maps do not form a one-parameter group ``exp(tX)``:
 its factors do not commute; CoPE gives up linearity (the logit is not bilinear in ``q``, ``k``) and normalisation
 (at offset 0 the position ``g_ii`` is not 0).
 
+Gates, positions, clocks and Householder products are computed in float32 or better whatever the inputs' dtype;
+the logits come back in the dtype of ``q``.
+
 Cost: CoPE ``O(Lq Lk P)``, FoX ``O(Lq Lk)`` on top of attention; PaTH here ``O(Lk^2 D)`` in a loop over the keys
 (the flash-linear-attention kernel is blockwise and far faster; this one is for reading and for small models).
 """
@@ -120,8 +123,9 @@ class CoPE(ContentEncoding):
         _check_qk(q, k)
         if q.shape[-1] != self.head_dim:
             raise ValueError(f"q and k must have head dimension {self.head_dim}, got {q.shape[-1]}")
-        logits = (q @ k.transpose(-1, -2)) / math.sqrt(q.shape[-1])
-        return logits + self.position_logits(q, self.positions(logits, allowed))
+        wide = torch.promote_types(q.dtype, torch.float32)  # gates and their sums in float32 or better
+        logits = (q.to(wide) @ k.to(wide).transpose(-1, -2)) / math.sqrt(q.shape[-1])
+        return (logits + self.position_logits(q.to(wide), self.positions(logits, allowed))).to(q.dtype)
 
     def extra_repr(self) -> str:
         return f"head_dim={self.head_dim}, max_positions={self.max_positions}"
@@ -169,8 +173,9 @@ class FoX(ContentEncoding):
         _require_causal(allowed, "FoX")
         if q.shape[1] != self.n_heads:
             raise ValueError(f"q and k must have {self.n_heads} heads (one forget gate each), got {q.shape[1]}")
-        logits = (q @ k.transpose(-1, -2)) / math.sqrt(q.shape[-1])
-        return logits + self.bias(hidden, q.shape[-2]).to(logits.dtype)
+        bias = self.bias(hidden, q.shape[-2])  # float32 or better
+        logits = (q.to(bias.dtype) @ k.to(bias.dtype).transpose(-1, -2)) / math.sqrt(q.shape[-1])
+        return (logits + bias).to(q.dtype)
 
     def extra_repr(self) -> str:
         return f"d_model={self.d_model}, n_heads={self.n_heads}"
@@ -228,7 +233,7 @@ class PaTH(ContentEncoding):
                 keys = keys - step * (index < t)[:, None]
             if t >= lk - lq:
                 rows.append(q[:, :, t - (lk - lq), None, :] @ keys.transpose(-1, -2))
-        return torch.cat(rows, dim=-2) / math.sqrt(q.shape[-1])
+        return (torch.cat(rows, dim=-2) / math.sqrt(q.shape[-1])).to(k.dtype)
 
     def extra_repr(self) -> str:
         return f"d_model={self.d_model}, n_heads={self.n_heads}, head_dim={self.head_dim}"

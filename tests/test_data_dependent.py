@@ -308,3 +308,15 @@ def test_with_constant_content_the_logit_is_a_function_of_the_offset(make):
     for offset in range(L):
         diagonal = torch.diagonal(logits, offset=-offset, dim1=-2, dim2=-1)  # (B, H, L - offset): pairs i - j = offset
         assert torch.allclose(diagonal, diagonal[..., :1].expand_as(diagonal), atol=1e-12)
+
+
+@pytest.mark.parametrize("make", [_cope_unclamped, _fox, _path], ids=["cope", "fox", "path"])
+def test_bfloat16_inputs_get_float32_gates(make):
+    """bf16 queries, keys and hidden states: the logits come back in bf16, equal to the float32 computation on the same
+    (bf16-rounded) inputs up to one bf16 rounding of the result (relative 2^-8)."""
+    q, k, _, hidden = (t.to(torch.bfloat16) for t in _data(18))
+    enc = make().float()
+    low = enc.content_logits(q, k, hidden=hidden, allowed=CAUSAL).detach()
+    high = enc.content_logits(q.float(), k.float(), hidden=hidden.float(), allowed=CAUSAL).detach()
+    assert low.dtype == torch.bfloat16
+    assert torch.allclose(_lower(low.float()), _lower(high), rtol=2 ** -8, atol=1e-6)
