@@ -185,8 +185,9 @@ class PaTH(ContentEncoding):
     """PaTH attention as a "content" plug-in (causal only; see the module docstring).
 
     ``w_t``: ``normalize(W_w x_t)`` per head, ``W_w`` ``(H * D, d_model)``; ``beta_t = 2 sigmoid(w_b . x_t + b_b)``
-    per head, ``w_b`` ``(H, d_model)``, ``b_b`` ``(H,)``. (The paper adds a short convolution and a low-rank
-    ``W_w``; here one linear map.)
+    per head, ``w_b`` ``(H, d_model)``, ``b_b`` ``(H,)``. (flash-linear-attention's ``PaTHAttention`` layer adds a
+    short convolution and a low-rank ``W_w``, and optionally FoX's forget gate; here one linear map and no gate. Its
+    decoding step updates the cached keys by ``k - beta_t (k . w_t) w_t``, the step of :meth:`content_logits`.)
     """
 
     def __init__(self, d_model: int, n_heads: int, head_dim: int):

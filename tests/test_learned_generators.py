@@ -7,7 +7,7 @@ import torch
 import posenc
 from posenc import learned_generators as lg
 from posenc.group_encodings import check_commuting, multi_parameter_group
-from posenc.nd_rope import NDRoPE, grid_positions
+from posenc.nd_rope import grid_positions
 
 
 def _gen(seed):

@@ -691,7 +691,8 @@ def position_probe_r2(hidden: torch.Tensor) -> float:
     return (1 - (error**2).sum() / ((position[~train] - position[~train].mean()) ** 2).sum()).item()
 
 
-__all__ = ["ExperimentConfig", "threads", "ENCODINGS", "BEYOND_ENCODINGS", "JORDAN_DAMPING", "jordan_frequencies", "jordan_rotation_generator",
+__all__ = ["ExperimentConfig", "threads", "ENCODINGS", "BEYOND_ENCODINGS", "JORDAN_DAMPING", "jordan_frequencies",
+           "jordan_rotation_generator",
            "with_rope", "fine_tune", "accuracies", "encoding_label", "Block", "TinyTransformer", "build_model", "Run",
            "Ensemble", "train", "evaluation_data", "evaluate", "EVAL_CHUNK_SCORES", "evaluate_ensemble",
            "run_plan", "run_encoding", "run_experiments", "accuracy_spread",
