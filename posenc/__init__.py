@@ -15,6 +15,9 @@ Modules, one concept each, in the order of the chapters:
   their frequency laws;
 * :mod:`posenc.group_encodings`: the maps ``exp(tX)`` and ``exp(sum_i p_i X_i)`` (the Lie view) and the plug-ins
   :class:`GroupEncoding`, :class:`MultiGroupEncoding`;
+* :mod:`posenc.learned_generators`: learned generators for N-D positions, commuting (ComRoPE, Cayley-STRING) or not
+  (LieRE), and how far from relative an encoding is;
+* :mod:`posenc.data_dependent`: encodings that read the content (CoPE, FoX, PaTH), plug-ins of the kind "content";
 * :mod:`posenc.jordan`: the numerical real Jordan form of a generator, i.e. the family of its encoding;
 * :mod:`posenc.context_extension`: wavelengths, turns and trade-offs of stretched frequency tables;
 * :mod:`posenc.transformers_rope`: a transformers causal LM (Llama, Mistral, Qwen2/3, Gemma 2/3, Phi-3, SmolLM3,
@@ -34,8 +37,8 @@ book-wide: ``generators as gens``, ``tables as fmt``, ``tasks as order_tasks``, 
 ``context_extension as ext``, ``language_model as lm_tools``. The one exception: the figure helpers,
 ``from posenc.lab.interactive import interactive_figure, show_figure``.
 """
-from . import (absolute, alibi, context_extension, encodings, generators, group_encodings, jordan, multihead, nd_rope,
-               rope, rope_analysis, rope_types)
+from . import (absolute, alibi, context_extension, data_dependent, encodings, generators, group_encodings, jordan,
+               learned_generators, multihead, nd_rope, rope, rope_analysis, rope_types)
 from .absolute import (LearnedInput, LearnedPositionalEmbedding, SinusoidalInput, binary_encoding,
                        consecutive_distances, integer_encoding, sinusoidal_dot_product, sinusoidal_encoding,
                        sinusoidal_frequencies)
@@ -48,6 +51,8 @@ from .rope import (RotaryEmbedding, apply_rope, apply_rope_, apply_rope_qk, inte
 from .alibi import ALiBi, alibi_bias, alibi_slopes
 from .nd_rope import NDRoPE
 from .group_encodings import GroupEncoding, MultiGroupEncoding
+from .learned_generators import CayleySTRING, ComRoPE, LieRE
+from .data_dependent import CoPE, FoX, PaTH
 from . import transformers_rope
 from .transformers_rope import use_posenc_rope
 
@@ -69,6 +74,7 @@ __all__ = [
     "rope_parameters_from_config", "use_posenc_rope",
     # every plug-in encoding, with its family
     "SinusoidalInput", "LearnedInput", "RotaryEmbedding", "ALiBi", "NDRoPE", "GroupEncoding", "MultiGroupEncoding",
+    "ComRoPE", "CayleySTRING", "LieRE", "CoPE", "FoX", "PaTH",
 ]
 
 

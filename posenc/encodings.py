@@ -3,20 +3,24 @@
 * ``kind = "input"``: a vector added to the token embeddings (sinusoidal, learned);
 * ``kind = "qk"``: a position-dependent map applied to queries and keys (RoPE, and the group encodings);
 * ``kind = "logits"``: a bias added to the attention logits (ALiBi);
+* ``kind = "content"``: the logits themselves, computed from the queries, the keys and the hidden states rather than
+  from positions (the data-dependent encodings CoPE, FoX, PaTH of :mod:`posenc.data_dependent`; they need the
+  content, which the three hooks above never see);
 * ``kind = "none"``: nothing (NoPE).
 
 :func:`posenc.multihead.self_attention` and :func:`posenc.multihead.attention` accept any of them, so a model
 swaps encodings by swapping one object. Each plug-in lives with its family: :class:`posenc.absolute.SinusoidalInput`
 and :class:`~posenc.absolute.LearnedInput`, :class:`posenc.rope.RotaryEmbedding`, :class:`posenc.alibi.ALiBi`,
 :class:`posenc.nd_rope.NDRoPE`, and :class:`posenc.group_encodings.GroupEncoding` /
-:class:`~posenc.group_encodings.MultiGroupEncoding`.
+:class:`~posenc.group_encodings.MultiGroupEncoding`, the learned generators of :mod:`posenc.learned_generators`
+and the data-dependent encodings of :mod:`posenc.data_dependent`.
 """
 from __future__ import annotations
 
 import torch
 from torch import nn
 
-KINDS = ("none", "input", "qk", "logits")
+KINDS = ("none", "input", "qk", "logits", "content")
 
 
 class PositionalEncoding(nn.Module):
@@ -50,6 +54,17 @@ class PositionalEncoding(nn.Module):
     def logit_bias(self, q_positions, k_positions):
         """A bias broadcastable to ``(B, H, Lq, Lk)``, or ``None``."""
         return None
+
+    def content_logits(self, q, k, hidden=None, allowed=None):
+        """The scaled logits ``(B, H, Lq, Lk)`` of a "content" encoding, before the mask; here ``q k^T / sqrt(D)``.
+
+        ``q`` ``(B, H, Lq, D)``, ``k`` ``(B, H, Lk, D)``; the queries are the last ``Lq`` of the ``Lk`` tokens (as with a
+        KV cache). ``hidden``: the layer's input ``(B, Lk, d_model)`` (the hidden states of the key tokens), or None.
+        ``allowed``: boolean, broadcastable to ``(B, H, Lq, Lk)``, True where query ``i`` may see key ``j`` (the
+        causal mask), or None (every key visible). The caller masks the result; an encoding that must know the mask
+        inside (CoPE's gates) reads ``allowed``.
+        """
+        return (q @ k.transpose(-1, -2)) / q.shape[-1] ** 0.5
 
 
 class NoPE(PositionalEncoding):

@@ -28,10 +28,13 @@ def causal_mask(query_length: int, key_length: int, device=None) -> torch.Tensor
 
 
 def attention(q, k, v, *, encoding=None, q_positions=None, k_positions=None, causal: bool = False,
-              return_weights: bool = False):
-    """Softmax attention with a "qk" or "logits" encoding (or none).
+              return_weights: bool = False, hidden=None):
+    """Softmax attention with a "qk", "logits" or "content" encoding (or none).
 
     Default positions: keys ``0 .. Lk-1``, queries the last ``Lq`` of them (as with a KV cache).
+    A "content" encoding computes the logits itself (:meth:`PositionalEncoding.content_logits`) from ``q``, ``k``,
+    ``hidden`` (the hidden states of the key tokens, ``(B, Lk, d_model)``, for encodings whose gates read them) and
+    the causal mask; it ignores the positions (it counts tokens in their order, queries the last ``Lq`` keys).
     Returns ``out`` ``(B, H, Lq, D)``, and the weights ``(B, H, Lq, Lk)`` when ``return_weights``.
     """
     for name, t in (("q", q), ("k", k), ("v", v)):
@@ -57,15 +60,24 @@ def attention(q, k, v, *, encoding=None, q_positions=None, k_positions=None, cau
             f"q_positions/k_positions must have lengths {lq}/{lk}, got {q_positions.shape[-1]}/{k_positions.shape[-1]}"
         )
 
-    q, k = encoding.encode_qk(q, k, q_positions, k_positions)
-    logits = (q @ k.transpose(-1, -2)) / math.sqrt(q.shape[-1])
-    bias = encoding.logit_bias(q_positions, k_positions)
-    if bias is not None:
-        logits = logits + bias.to(logits.dtype)
+    allowed = None
     if causal:
         allowed = q_positions[..., :, None] >= k_positions[..., None, :]
-        while allowed.ndim < logits.ndim:
+        while allowed.ndim < 4:
             allowed = allowed.unsqueeze(-3)
+    if encoding.kind == "content":
+        if hidden is not None:
+            require_tensor("hidden", hidden)
+            if hidden.ndim != 3 or hidden.shape[1] != lk:
+                raise ValueError(f"hidden must have shape (B, Lk, d_model) with Lk = {lk}, got {tuple(hidden.shape)}")
+        logits = encoding.content_logits(q, k, hidden=hidden, allowed=allowed)
+    else:
+        q, k = encoding.encode_qk(q, k, q_positions, k_positions)
+        logits = (q @ k.transpose(-1, -2)) / math.sqrt(q.shape[-1])
+        bias = encoding.logit_bias(q_positions, k_positions)
+        if bias is not None:
+            logits = logits + bias.to(logits.dtype)
+    if causal:
         logits = logits.masked_fill(~allowed, float("-inf"))
     weights = torch.softmax(logits, dim=-1)
     out = weights @ v
@@ -90,7 +102,8 @@ def self_attention(x, w_q, w_k, w_v, n_heads: int, *, encoding=None, positions=N
 
     ``w_q``, ``w_k``, ``w_v``: ``(H * D, d_model)`` projection weights (``nn.Linear`` layout); ``w_o``:
     optional ``(d_model, H * D)``. An "input" encoding is added to ``x`` before the projections, a "qk"
-    encoding rotates the projected queries and keys, a "logits" encoding biases the scores.
+    encoding rotates the projected queries and keys, a "logits" encoding biases the scores, a "content" encoding
+    computes the scores from the queries, the keys and ``x`` itself (its gates read ``x``).
     Returns ``(B, L, H * D)`` (or ``(B, L, d_model)`` with ``w_o``), plus the weights when asked.
     """
     require_tensor("x", x)
@@ -116,7 +129,8 @@ def self_attention(x, w_q, w_k, w_v, n_heads: int, *, encoding=None, positions=N
         encoding_for_scores = encoding
     q, k, v = (split_heads(x @ w.T, n_heads) for w in (w_q, w_k, w_v))
     result = attention(q, k, v, encoding=encoding_for_scores, q_positions=positions, k_positions=positions,
-                       causal=causal, return_weights=return_weights)
+                       causal=causal, return_weights=return_weights,
+                       hidden=x if encoding_for_scores.kind == "content" else None)
     out, weights = result if return_weights else (result, None)
     out = merge_heads(out)
     if w_o is not None:

@@ -23,6 +23,7 @@ from .._checks import require_int
 from ..absolute import LearnedInput, SinusoidalInput
 from ..alibi import ALiBi
 from ..multihead import self_attention
+from ..data_dependent import CoPE, FoX, PaTH
 from ..encodings import NoPE, PositionalEncoding
 from ..generators import copy_frequencies, jordan_generator, xpos_generator
 from ..group_encodings import GroupEncoding
@@ -118,13 +119,28 @@ ENCODINGS = {
 }
 
 
+# chapter 14's data-dependent encodings ("content" plug-ins), kept apart so that chapter 11's plan over ENCODINGS stays
+# as it is; every function here takes a name from either table
+BEYOND_ENCODINGS = {
+    # CoPE's integer embeddings cover the positions a training sequence can produce (0 .. train_length); larger
+    # fractional positions are clamped, as the paper's npos_max does
+    "cope": ("CoPE", True, lambda c: CoPE(c.head_dim, c.train_length + 1)),
+    "fox": ("FoX (forgetting attention)", True, lambda c: FoX(c.d_model, c.n_heads)),
+    "path": ("PaTH", True, lambda c: PaTH(c.d_model, c.n_heads, c.head_dim)),
+}
+
+
+def _entry(name: str):
+    return ENCODINGS[name] if name in ENCODINGS else BEYOND_ENCODINGS[name]
+
+
 def encoding_label(name: str) -> str:
-    return ENCODINGS[_check_name(name)][0]
+    return _entry(_check_name(name))[0]
 
 
 def _check_name(name: str) -> str:
-    if name not in ENCODINGS:
-        raise ValueError(f"encoding must be one of {list(ENCODINGS)}, got {name!r}")
+    if name not in ENCODINGS and name not in BEYOND_ENCODINGS:
+        raise ValueError(f"encoding must be one of {list(ENCODINGS) + list(BEYOND_ENCODINGS)}, got {name!r}")
     return name
 
 
@@ -182,8 +198,9 @@ class TinyTransformer(nn.Module):
 
 
 def build_model(name: str, config: ExperimentConfig, seed: int, device=None) -> TinyTransformer:
-    """A freshly initialised model with encoding ``name`` (a key of :data:`ENCODINGS`), seeded by ``seed``."""
-    _, causal, factory = ENCODINGS[_check_name(name)]
+    """A freshly initialised model with encoding ``name`` (a key of :data:`ENCODINGS` or :data:`BEYOND_ENCODINGS`),
+    seeded by ``seed``."""
+    _, causal, factory = _entry(_check_name(name))
     torch.manual_seed(seed)
     return TinyTransformer(config, factory(config), causal).to(device)
 
@@ -258,7 +275,8 @@ class Ensemble:
     on its own, so this is the same computation as training them one by one, up to float rounding (a batched
     matrix product may add in another order), with far fewer Python calls. Consecutive models whose encodings
     are equivalent (no parameters, same class, equal tables) share one call of the encoding; an encoding with
-    parameters (the learned table) is called once per model, through ``vmap``.
+    parameters (the learned table; the "content" encodings CoPE, FoX, PaTH) is called once per model, through
+    ``vmap``. With a "content" encoding in the stack every model's attention runs unfused (``softmax(logits) v``).
     """
 
     def __init__(self, name, config: ExperimentConfig, device=None, models=None):
@@ -399,6 +417,9 @@ class Ensemble:
                                                                                            self.encoding_params)):
             raise NotImplementedError("logits encodings with parameters are not stacked")
         has_qk = any(encoding.kind == "qk" for _, _, encoding, _ in self.groups)
+        has_content = any(encoding.kind == "content" for _, _, encoding, _ in self.groups)
+        if has_content:
+            causal_allowed = positions[:, None] >= positions[None, :]
         weights = []
         for layer in range(self.n_layers):
             prefix = f"blocks.{layer}."
@@ -417,7 +438,19 @@ class Ensemble:
                                                   encoding.encode_qk(q_parts[g].flatten(0, 1),
                                                                      k_parts[g].flatten(0, 1), positions, positions))
                 q, k = torch.cat(q_parts), torch.cat(k_parts)
-            if return_weights:
+            if has_content:  # logits from the content, per model (vmap), then the same softmax for every group
+                scores = list((q @ k.transpose(-1, -2) / math.sqrt(head_dim)).split(sizes))
+                hidden_states = h.view(n_models, batch, length, width).split(sizes)
+                q_parts, k_parts = q.split(sizes), k.split(sizes)
+                for g, (start, stop, encoding, causal) in enumerate(self.groups):
+                    if encoding.kind == "content":
+                        scores[g] = self._per_model(g, "content_logits", q_parts[g], k_parts[g], hidden_states[g],
+                                                    positions=causal_allowed if causal else None)
+                attention = torch.softmax(torch.cat(scores) + additive, dim=-1)
+                if return_weights:
+                    weights.append(attention)
+                mixed = attention @ v
+            elif return_weights:
                 attention = torch.softmax(q @ k.transpose(-1, -2) / math.sqrt(head_dim) + additive, dim=-1)
                 weights.append(attention)
                 mixed = attention @ v
@@ -658,7 +691,8 @@ def position_probe_r2(hidden: torch.Tensor) -> float:
     return (1 - (error**2).sum() / ((position[~train] - position[~train].mean()) ** 2).sum()).item()
 
 
-__all__ = ["ExperimentConfig", "threads", "ENCODINGS", "JORDAN_DAMPING", "jordan_frequencies", "jordan_rotation_generator",
+__all__ = ["ExperimentConfig", "threads", "ENCODINGS", "BEYOND_ENCODINGS", "JORDAN_DAMPING", "jordan_frequencies",
+           "jordan_rotation_generator",
            "with_rope", "fine_tune", "accuracies", "encoding_label", "Block", "TinyTransformer", "build_model", "Run",
            "Ensemble", "train", "evaluation_data", "evaluate", "EVAL_CHUNK_SCORES", "evaluate_ensemble",
            "run_plan", "run_encoding", "run_experiments", "accuracy_spread",

@@ -4,7 +4,9 @@ Every task copies tokens: the target at position ``i`` is the input token at a *
 ``source(i)``, or there is no target at ``i`` (``source(i) = -1``). The source map says what the task needs:
 
 * :class:`CopyBack` (``source(i) = i - offset``): a **relative** task, the same offset at every position;
-* :class:`FetchPosition` (``source(i) = position``): an **absolute** task, one fixed position for everyone.
+* :class:`FetchPosition` (``source(i) = position``): an **absolute** task, one fixed position for everyone;
+* :class:`CopyAfterMarker` (``source(i)`` = the token after the ``k``-th marker): a **content** task, whose source
+  moves with the markers from one sequence to the next, so only counting markers finds it.
 
 Both can be solved causally (the source is never after ``i``), so decoders and encoders train on the same data.
 Tokens are i.i.d. uniform over ``0 .. vocab_size - 1``; :meth:`CopyTask.sample` returns ``(inputs, targets,
@@ -91,6 +93,72 @@ class FetchPosition(CopyTask):
         self.name = f"fetch position {position}"
 
 
+class CopyAfterMarker(CopyTask):
+    """Copy the token that follows the ``k``-th occurrence of a marker: ``target[i] = x[s]`` for ``i >= s``, where
+    ``s - 1`` is the position of the ``k``-th marker; no target before ``s``.
+
+    The marker is token ``vocab_size - 1``; the other tokens are i.i.d. uniform over ``0 .. vocab_size - 2``. Each
+    sequence has ``n = clamp(Binomial(L - 1, rate), k, L // 2)`` markers at uniformly random positions in
+    ``0 .. L - 2``, no two adjacent (so the token after a marker is never a marker): their number and places change
+    from sequence to sequence, and at every length the ``k``-th marker sits near ``k / rate`` on average. The
+    sources depend on the content (:meth:`sources_of`), not on the length alone.
+    """
+
+    order = "content"
+
+    def __init__(self, k: int = 2, rate: float = 0.25):
+        self.k = require_int("k", k, minimum=1)
+        if isinstance(rate, bool) or not isinstance(rate, (int, float)) or not 0 < rate < 1:
+            raise ValueError(f"rate must be a number in (0, 1), the chance of a marker at each position, got {rate!r}")
+        self.rate = float(rate)
+        self.first_target = 2 * self.k - 1  # the earliest possible: markers at 0, 2, .., 2k - 2
+        self.name = f"copy after marker {self.k}"
+
+    def min_length(self) -> int:
+        return 2 * self.k  # k markers, none adjacent, none last
+
+    def sources(self, length: int, device=None) -> torch.Tensor:
+        raise TypeError(f"the sources of {self.name!r} depend on the tokens: use sources_of(inputs)")
+
+    def marker(self, vocab_size: int) -> int:
+        """The marker token: ``vocab_size - 1``."""
+        return require_int("vocab_size", vocab_size, minimum=3) - 1
+
+    def sources_of(self, inputs: torch.Tensor, vocab_size: int) -> torch.Tensor:
+        """``(B, L)`` int64: the source of each target of ``inputs`` ``(B, L)``, ``-1`` where there is none (before the
+        token after the ``k``-th marker, or everywhere in a sequence with fewer than ``k`` markers before its end)."""
+        if not isinstance(inputs, torch.Tensor) or inputs.ndim != 2:
+            raise ValueError(f"inputs must be a (B, L) tensor of tokens, got {inputs!r}")
+        is_marker = inputs == self.marker(vocab_size)
+        count = is_marker.long().cumsum(-1)
+        kth = is_marker & (count == self.k)  # one True per row at most
+        found = kth[:, :-1].any(-1)
+        source = kth.float().argmax(-1) + 1  # (B,)
+        positions = torch.arange(inputs.shape[-1], device=inputs.device)
+        valid = found[:, None] & (positions[None, :] >= source[:, None])
+        return torch.where(valid, source[:, None], torch.full_like(inputs, -1))
+
+    def sample(self, batch_size: int, length: int, vocab_size: int, generator: torch.Generator, device=None):
+        """As :meth:`CopyTask.sample`; every sequence has at least ``k`` markers, so every row has targets."""
+        require_int("batch_size", batch_size, minimum=1)
+        marker = self.marker(vocab_size)
+        self._check_length(length)
+        if not isinstance(generator, torch.Generator) or generator.device.type != "cpu":
+            raise TypeError(f"generator must be a CPU torch.Generator, got {generator!r}")
+        inputs = torch.randint(vocab_size - 1, (batch_size, length), generator=generator)
+        counts = torch.binomial(torch.full((batch_size,), float(length - 1)), torch.full((batch_size,), self.rate),
+                                generator=generator).long().clamp(self.k, length // 2)
+        for row, n in enumerate(counts.tolist()):
+            # n of the L - n slots, spread apart by 0, 1, .., n - 1: non-adjacent positions in 0 .. L - 2, uniformly
+            slots = torch.randperm(length - n, generator=generator)[:n].sort().values
+            inputs[row, slots + torch.arange(n)] = marker
+        inputs = inputs.to(device)
+        source = self.sources_of(inputs, vocab_size)
+        mask = source >= 0
+        targets = inputs.gather(-1, source.clamp(min=0)).masked_fill(~mask, IGNORE_INDEX)
+        return inputs, targets, mask
+
+
 def position_blind_accuracy(task: CopyTask, inputs: torch.Tensor, vocab_size: int, causal: bool = False,
                             per_position: bool = False):
     """The best expected accuracy of a predictor that sees only its own token and a *multiset* of tokens.
@@ -127,4 +195,4 @@ def position_blind_accuracy(task: CopyTask, inputs: torch.Tensor, vocab_size: in
     return best[:, on_target].mean().item()
 
 
-__all__ = ["IGNORE_INDEX", "CopyTask", "CopyBack", "FetchPosition", "position_blind_accuracy"]
+__all__ = ["IGNORE_INDEX", "CopyTask", "CopyBack", "FetchPosition", "CopyAfterMarker", "position_blind_accuracy"]

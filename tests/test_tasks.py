@@ -1,0 +1,93 @@
+"""The content-counting task of posenc.lab.tasks: copy the token after the k-th marker."""
+import pytest
+import torch
+
+from posenc.lab import tasks as order_tasks
+
+VOCAB = 8
+MARKER = VOCAB - 1
+
+
+def _sample(task, batch=64, length=16, seed=0):
+    return task.sample(batch, length, VOCAB, torch.Generator().manual_seed(seed))
+
+
+def _slow_source(row, k):
+    """Scan the row: the position after the k-th marker, or None."""
+    seen = 0
+    for position, token in enumerate(row.tolist()):
+        if token == MARKER:
+            seen += 1
+            if seen == k:
+                return position + 1 if position + 1 < len(row) else None
+    return None
+
+
+@pytest.mark.parametrize("k", [1, 2, 3])
+def test_labels_copy_the_token_after_the_kth_marker(k):
+    task = order_tasks.CopyAfterMarker(k=k)
+    inputs, targets, mask = _sample(task, length=20, seed=k)
+    for row in range(inputs.shape[0]):
+        source = _slow_source(inputs[row], k)
+        assert source is not None  # every sequence has k markers before its last token
+        for i in range(inputs.shape[1]):
+            if i >= source:
+                assert mask[row, i] and targets[row, i] == inputs[row, source]
+            else:
+                assert not mask[row, i] and targets[row, i] == order_tasks.IGNORE_INDEX
+    assert torch.equal(task.sources_of(inputs, VOCAB) >= 0, mask)
+
+
+def test_markers_are_placed_as_documented():
+    task = order_tasks.CopyAfterMarker(k=2, rate=0.25)
+    inputs, _, _ = _sample(task, batch=256, length=32)
+    is_marker = inputs == MARKER
+    counts = is_marker.sum(-1)
+    assert bool((counts >= 2).all()) and bool((counts <= 16).all())
+    assert not bool((is_marker[:, 1:] & is_marker[:, :-1]).any())  # never two markers in a row
+    assert not bool(is_marker[:, -1].any())  # never last: a token always follows
+    # Binomial(31, 0.25): mean 7.75, standard deviation 2.4; the mean of 256 draws is within 0.6 of it
+    # (four standard errors of 0.15)
+    assert abs(counts.float().mean().item() - 31 * 0.25) < 0.6
+    # the other tokens are uniform over 0 .. V - 2
+    assert set(inputs[~is_marker].unique().tolist()) == set(range(VOCAB - 1))
+
+
+def test_the_source_moves_with_the_markers():
+    """Not a function of the position: the k-th marker sits at many places, and it is not the last marker (the
+    shortcut 'copy after the last marker') in most sequences."""
+    task = order_tasks.CopyAfterMarker(k=2)
+    inputs, _, _ = _sample(task, batch=256, length=16)
+    first_target = task.sources_of(inputs, VOCAB).amax(-1)  # the source, the same at every target of a row
+    assert len(first_target.unique()) >= 5
+    last_marker = 15 - (inputs == MARKER).flip(-1).int().argmax(-1)
+    shortcut = (last_marker + 1 == first_target).float().mean().item()
+    assert shortcut < 0.5
+
+
+def test_seeded():
+    task = order_tasks.CopyAfterMarker()
+    first, second, other = _sample(task, seed=3), _sample(task, seed=3), _sample(task, seed=4)
+    for a, b in zip(first, second):
+        assert torch.equal(a, b)
+    assert not torch.equal(first[0], other[0])
+
+
+def test_bad_input():
+    with pytest.raises(ValueError, match="k"):
+        order_tasks.CopyAfterMarker(k=0)
+    with pytest.raises(ValueError, match="rate"):
+        order_tasks.CopyAfterMarker(rate=1.5)
+    task = order_tasks.CopyAfterMarker(k=3)
+    with pytest.raises(ValueError, match="length"):
+        task.sample(2, 5, VOCAB, torch.Generator())
+    with pytest.raises(ValueError, match="vocab_size"):
+        task.sample(2, 8, 2, torch.Generator())
+    with pytest.raises(TypeError, match="sources_of"):
+        task.sources(8)
+    with pytest.raises(TypeError, match="generator"):
+        task.sample(2, 8, VOCAB, 0)
+    assert task.min_length() == 6 and task.order == "content"
+    # the shortest sequence still has targets: markers at 0, 2, 4
+    inputs, _, mask = task.sample(4, 6, VOCAB, torch.Generator().manual_seed(0))
+    assert bool(mask.any(-1).all())
