@@ -17,6 +17,8 @@ Modules, one concept each, in the order of the chapters:
   :class:`GroupEncoding`, :class:`MultiGroupEncoding`;
 * :mod:`posenc.jordan`: the numerical real Jordan form of a generator, i.e. the family of its encoding;
 * :mod:`posenc.context_extension`: wavelengths, turns and trade-offs of stretched frequency tables;
+* :mod:`posenc.mla`: DeepSeek's multi-head latent attention, why RoPE on the whole key blocks its absorption of
+  ``W_UK`` and how the decoupled rope slice restores it (:class:`~posenc.mla.LatentAttention`);
 * :mod:`posenc.transformers_rope`: a transformers causal LM (Llama, Mistral, Qwen2/3, Gemma 2/3, Phi-3, SmolLM3,
   GPT-NeoX) run with posenc's RoPE, unchanged or with changed tables, pairs or layers (:func:`use_posenc_rope`);
 * :mod:`posenc.lab`: the book's plumbing (figures, experiments and their tasks and tables, pretrained embeddings,
@@ -48,7 +50,7 @@ from .rope import (RotaryEmbedding, apply_rope, apply_rope_, apply_rope_qk, inte
 from .alibi import ALiBi, alibi_bias, alibi_slopes
 from .nd_rope import NDRoPE
 from .group_encodings import GroupEncoding, MultiGroupEncoding
-from . import transformers_rope
+from . import mla, transformers_rope
 from .transformers_rope import use_posenc_rope
 
 __version__ = "0.1.0"
