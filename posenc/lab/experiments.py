@@ -26,6 +26,7 @@ from ..multihead import self_attention
 from ..encodings import NoPE, PositionalEncoding
 from ..generators import copy_frequencies, jordan_generator, xpos_generator
 from ..group_encodings import GroupEncoding
+from ..layer_patterns import LayerEncodings, nope_every
 from ..rope import RotaryEmbedding
 from .tasks import IGNORE_INDEX, CopyTask
 
@@ -115,7 +116,55 @@ ENCODINGS = {
                         lambda c: GroupEncoding(jordan_rotation_generator(c.head_dim))),
     "jordan-rotation-damped": ("rotation at Jordan's frequencies, damped", True,
                                lambda c: GroupEncoding(jordan_rotation_generator(c.head_dim, JORDAN_DAMPING))),
+    # Llama 4 / SmolLM3's 3:1 pattern: layer i is NoPE iff (i + 1) % 4 == 0 (pure RoPE below 4 layers)
+    "hybrid": ("RoPE, NoPE every 4th layer (3:1)", True,
+               lambda c: LayerEncodings(RotaryEmbedding(c.head_dim) if rotary else NoPE()
+                                        for rotary in nope_every(c.n_layers))),
 }
+
+_PATTERNS = {"hybrid": ("rope", "rope", "rope", "nope-causal")}  # name -> the per-layer names it repeats
+
+
+def add_layer_pattern(name: str, layers, label: str | None = None) -> str:
+    """Register a model whose layers have different encodings as the encoding name ``name`` of :data:`ENCODINGS`
+    (so :func:`build_model`, :func:`train`, :func:`run_plan` and the tables take it like any other); returns
+    ``name``.
+
+    ``layers``: names of :data:`ENCODINGS`, repeated over the model's depth: layer ``i`` gets
+    ``layers[i % len(layers)]`` (``("rope", "rope", "rope", "nope-causal")`` is the 3:1 pattern at any depth,
+    ``("nope-causal", "rope")`` alternates). Each must act on q and k or not at all (RoPE, the group encodings,
+    causal NoPE: not an input or a logit-bias encoding, not another pattern), and all must be causal or all
+    bidirectional. Registering the same pattern under the same name again is allowed (a re-run notebook);
+    another pattern under a taken name raises ValueError.
+    """
+    if not isinstance(name, str) or not name:
+        raise TypeError(f"name must be a non-empty str, got {name!r}")
+    if isinstance(layers, str):
+        raise TypeError(f"layers must be a sequence of encoding names, got the str {layers!r}")
+    layers = tuple(_check_name(each) for each in layers)
+    if not layers:
+        raise ValueError("layers must name at least one encoding")
+    if name in ENCODINGS:
+        if _PATTERNS.get(name) == layers and (label is None or ENCODINGS[name][0] == label):
+            return name
+        raise ValueError(f"encoding name {name!r} is taken (by {ENCODINGS[name][0]!r}); pick another name")
+    probe = ExperimentConfig()
+    for each in layers:
+        encoding = ENCODINGS[each][2](probe)
+        if encoding.kind not in ("qk", "none") or isinstance(encoding, LayerEncodings):
+            raise ValueError(f"layers must name encodings that act on q and k or not at all, got {each!r} "
+                             f"(a {encoding.kind!r} encoding)")
+    causal = {ENCODINGS[each][1] for each in layers}
+    if len(causal) > 1:
+        raise ValueError(f"layers must be all causal or all bidirectional, got {layers}")
+    if label is None:
+        label = "layers " + ", ".join(ENCODINGS[each][0] for each in layers) + (" (repeated)" if len(layers) > 1
+                                                                                  else "")
+    factories = [ENCODINGS[each][2] for each in layers]
+    ENCODINGS[name] = (label, causal.pop(),
+                       lambda c: LayerEncodings(factories[i % len(factories)](c) for i in range(c.n_layers)))
+    _PATTERNS[name] = layers
+    return name
 
 
 def encoding_label(name: str) -> str:
@@ -151,6 +200,9 @@ class Block(nn.Module):
 class TinyTransformer(nn.Module):
     """Token embedding, ``n_layers`` blocks, a final norm and a linear read-out to the vocabulary.
 
+    ``encoding``: one plug-in for every layer, or a :class:`posenc.layer_patterns.LayerEncodings` with one per
+    layer (a hybrid: block ``i`` uses ``encoding.layer(i)``).
+
     ``forward(tokens (B, L)) -> logits (B, L, V)``; with ``return_hidden=True`` also the residual stream
     after each block, a list of ``(B, L, d_model)``, and with ``return_weights=True`` the attention weights of
     each block, a list of ``(B, H, L, L)`` (in that order).
@@ -158,6 +210,9 @@ class TinyTransformer(nn.Module):
 
     def __init__(self, config: ExperimentConfig, encoding: PositionalEncoding, causal: bool):
         super().__init__()
+        if isinstance(encoding, LayerEncodings) and len(encoding) != config.n_layers:
+            raise ValueError(f"a LayerEncodings encoding must give one encoding per layer ({config.n_layers}), "
+                             f"got {len(encoding)}")
         self.causal = causal
         self.embed = nn.Embedding(config.vocab_size, config.d_model)
         self.encoding = encoding
@@ -172,8 +227,9 @@ class TinyTransformer(nn.Module):
         if self.encoding.kind == "input":  # added once, as in the original transformer
             x, layer_encoding = self.encoding.encode_input(x, positions), NoPE()
         hidden, weights = [], []
-        for block in self.blocks:
-            x, layer_weights = block(x, layer_encoding, positions, self.causal, return_weights=True)
+        for index, block in enumerate(self.blocks):
+            x, layer_weights = block(x, _layer_encoding(layer_encoding, index), positions, self.causal,
+                                     return_weights=True)
             hidden.append(x)
             weights.append(layer_weights)
         logits = self.readout(self.norm(x))
@@ -181,8 +237,14 @@ class TinyTransformer(nn.Module):
         return (logits, *extras) if extras else logits
 
 
+def _layer_encoding(encoding: PositionalEncoding, layer: int) -> PositionalEncoding:
+    """Layer ``layer``'s encoding: the layer's own for a :class:`LayerEncodings`, else ``encoding`` itself."""
+    return encoding.layer(layer) if isinstance(encoding, LayerEncodings) else encoding
+
+
 def build_model(name: str, config: ExperimentConfig, seed: int, device=None) -> TinyTransformer:
-    """A freshly initialised model with encoding ``name`` (a key of :data:`ENCODINGS`), seeded by ``seed``."""
+    """A freshly initialised model with encoding ``name`` (a key of :data:`ENCODINGS`, or a pattern added by
+    :func:`add_layer_pattern`), seeded by ``seed``."""
     _, causal, factory = ENCODINGS[_check_name(name)]
     torch.manual_seed(seed)
     return TinyTransformer(config, factory(config), causal).to(device)
@@ -214,6 +276,8 @@ def _equivalent(first: PositionalEncoding, other: PositionalEncoding) -> bool:
     names and shapes, equal buffers and equal public attributes."""
     if type(first) is not type(other):
         return False
+    if isinstance(first, LayerEncodings):
+        return len(first) == len(other) and all(_equivalent(a, b) for a, b in zip(first.encodings, other.encodings))
     shapes = [{key: value.shape for key, value in e.named_parameters()} for e in (first, other)]
     buffers, others = dict(first.named_buffers()), dict(other.named_buffers())
     if shapes[0] != shapes[1] or buffers.keys() != others.keys():
@@ -302,6 +366,9 @@ class Ensemble:
             raise ValueError("models must share one configuration to be stacked")
         self.params = {key: torch.stack([each[key].detach() for each in named]).requires_grad_() for key in keys}
         # the encodings' own parameters (the learned table), stacked per group
+        if any(isinstance(encoding, LayerEncodings) and any(True for _ in encoding.parameters())
+               for _, _, encoding, _ in self.groups):
+            raise NotImplementedError("per-layer encodings with trainable parameters are not stacked")
         self.encoding_params = [{key: torch.stack([dict(m.encoding.named_parameters())[key].detach()
                                                    for m in models[start:stop]]).requires_grad_()
                                  for key, _ in encoding.named_parameters()}
@@ -409,6 +476,7 @@ class Ensemble:
             if has_qk:
                 q_parts, k_parts = list(q.split(sizes)), list(k.split(sizes))
                 for g, (start, stop, encoding, _) in enumerate(self.groups):
+                    encoding = _layer_encoding(encoding, layer)
                     if encoding.kind == "qk" and self.encoding_params[g]:
                         q_parts[g], k_parts[g] = self._per_model(g, "encode_qk", q_parts[g], k_parts[g],
                                                                  positions=positions)
@@ -658,7 +726,7 @@ def position_probe_r2(hidden: torch.Tensor) -> float:
     return (1 - (error**2).sum() / ((position[~train] - position[~train].mean()) ** 2).sum()).item()
 
 
-__all__ = ["ExperimentConfig", "threads", "ENCODINGS", "JORDAN_DAMPING", "jordan_frequencies", "jordan_rotation_generator",
+__all__ = ["ExperimentConfig", "threads", "ENCODINGS", "add_layer_pattern", "JORDAN_DAMPING", "jordan_frequencies", "jordan_rotation_generator",
            "with_rope", "fine_tune", "accuracies", "encoding_label", "Block", "TinyTransformer", "build_model", "Run",
            "Ensemble", "train", "evaluation_data", "evaluate", "EVAL_CHUNK_SCORES", "evaluate_ensemble",
            "run_plan", "run_encoding", "run_experiments", "accuracy_spread",
