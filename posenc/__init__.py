@@ -17,8 +17,9 @@ Modules, one concept each, in the order of the chapters:
   :class:`GroupEncoding`, :class:`MultiGroupEncoding`;
 * :mod:`posenc.jordan`: the numerical real Jordan form of a generator, i.e. the family of its encoding;
 * :mod:`posenc.context_extension`: wavelengths, turns and trade-offs of stretched frequency tables;
-* :mod:`posenc.layer_patterns`: models whose layers differ: hybrid RoPE/NoPE layers (:class:`~posenc.layer_patterns.LayerEncodings`),
-  Llama 4's attention temperature for NoPE layers, the per-layer pattern of a transformers config;
+* :mod:`posenc.layer_patterns`: models whose layers differ: hybrid RoPE/NoPE layers
+  (:class:`~posenc.layer_patterns.LayerEncodings`), Llama 4's attention temperature for NoPE layers, the per-layer
+  pattern of a transformers config;
 * :mod:`posenc.mla`: DeepSeek's multi-head latent attention, why RoPE on the whole key blocks its absorption of
   ``W_UK`` and how the decoupled rope slice restores it (:class:`~posenc.mla.LatentAttention`);
 * :mod:`posenc.transformers_rope`: a transformers causal LM (Llama, Mistral, Qwen2/3, Gemma 2/3, Phi-3, SmolLM3,

@@ -327,7 +327,8 @@ def test_hybrid_rope_layers_rotate_and_its_nope_layer_does_not():
         if index == 3:
             assert torch.equal(q_enc, q) and torch.equal(k_enc, k)
         else:
-            assert torch.equal(q_enc, posenc.apply_rope(q, cos, sin)) and torch.equal(k_enc, posenc.apply_rope(k, cos, sin))
+            assert torch.equal(q_enc, posenc.apply_rope(q, cos, sin))
+            assert torch.equal(k_enc, posenc.apply_rope(k, cos, sin))
     # the model runs block i with layer i's encoding: its logits are those of that loop, and differ from the same
     # weights with every layer rotating (the control) and with none rotating
     tokens = torch.randint(DEEP.vocab_size, (2, 12), generator=torch.Generator().manual_seed(0))
