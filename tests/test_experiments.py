@@ -11,9 +11,10 @@ from hypothesis import strategies as st
 import posenc
 from posenc.lab import experiments
 from posenc.lab.experiments import (ENCODINGS, Ensemble, ExperimentConfig, TinyTransformer, accuracies,
-                                    accuracy_spread, add_layer_pattern, build_model, encoding_label, evaluate,
-                                    evaluate_ensemble, fine_tune, jordan_frequencies, jordan_rotation_generator,
-                                    results_table, run_encoding, run_experiments, run_plan, threads, train, with_rope)
+                                    accuracy_spread, add_encoding, add_layer_pattern, build_model, encoding_label,
+                                    evaluate, evaluate_ensemble, fine_tune, jordan_frequencies,
+                                    jordan_rotation_generator, results_table, run_encoding, run_experiments,
+                                    run_plan, threads, train, with_rope)
 from posenc.generators import jordan_generator
 from posenc.lab.tasks import IGNORE_INDEX, CopyBack, FetchPosition, position_blind_accuracy
 from posenc.layer_patterns import LayerEncodings
@@ -361,6 +362,7 @@ def _pattern_names():
     for name in added:
         ENCODINGS.pop(name, None)
         experiments._PATTERNS.pop(name, None)
+        experiments._ADDED.discard(name)
 
 
 def test_add_layer_pattern_registers_a_per_layer_model(_pattern_names):
@@ -385,3 +387,29 @@ def test_add_layer_pattern_registers_a_per_layer_model(_pattern_names):
     with pytest.raises(ValueError, match="one encoding per layer"):
         TinyTransformer(DEEP, LayerEncodings([posenc.NoPE()] * 3), causal=True)
     assert not {"bad-input-test", "bad-causal-test", "bad-name-test", "bad-str-test"} & set(ENCODINGS)
+
+
+def test_add_encoding_then_a_pattern_with_it_trains(_pattern_names):
+    from posenc.layer_patterns import AttentionTemperature
+
+    def tuned(config):
+        return AttentionTemperature(floor_scale=config.train_length // 2, attn_scale=0.5)
+
+    _pattern_names.append(add_encoding("nope-temperature-test", "NoPE, temperature", tuned))
+    assert add_encoding("nope-temperature-test", "NoPE, temperature", tuned)  # a re-run cell
+    _pattern_names.append(add_layer_pattern("irope-test", ["rope"] * 3 + ["nope-temperature-test"]))
+    model = build_model("irope-test", DEEP, seed=0)
+    assert isinstance(model.encoding.layer(3), AttentionTemperature) and model.encoding.layer(3).floor_scale == 4
+    ensemble, losses = train(CopyBack(1), "irope-test", replace(DEEP, steps=5))
+    tokens = torch.randint(DEEP.vocab_size, (2, 2, 24), generator=torch.Generator().manual_seed(2))
+    alone = torch.stack([m(tokens[i]) for i, m in enumerate(ensemble.trained_models())])
+    assert torch.allclose(ensemble.logits(tokens), alone, atol=1e-5)  # float32: fused attention, another order
+    with pytest.raises(ValueError, match="taken"):
+        add_encoding("rope", "RoPE again", lambda c: posenc.NoPE())
+    with pytest.raises(ValueError, match="taken"):
+        add_encoding("irope-test", "a pattern's name", lambda c: posenc.NoPE())
+    with pytest.raises(TypeError, match="factory must return"):
+        add_encoding("bad-factory-test", "bad", lambda c: None)
+    with pytest.raises(TypeError, match="factory must be a callable"):
+        add_encoding("bad-factory-test", "bad", posenc.NoPE())
+    assert "bad-factory-test" not in ENCODINGS

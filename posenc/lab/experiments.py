@@ -125,12 +125,41 @@ ENCODINGS = {
 _PATTERNS = {"hybrid": ("rope", "rope", "rope", "nope-causal")}  # name -> the per-layer names it repeats
 
 
+_ADDED: set = set()  # names registered by add_encoding (a re-run notebook may define them again)
+
+
+def add_encoding(name: str, label: str, factory, causal: bool = True) -> str:
+    """Register ``factory(config) -> PositionalEncoding`` as the encoding name ``name`` of :data:`ENCODINGS`
+    (shown as ``label``, trained with a causal mask unless ``causal=False``); returns ``name``. Built-in names
+    and names of :func:`add_layer_pattern` are refused; a name added here may be added again (its new factory
+    replaces the old one). Example: Llama 4's NoPE layer at the harness's scale,
+    ``add_encoding("nope-temperature", "NoPE, temperature", lambda c: AttentionTemperature(c.train_length))``.
+    """
+    if not isinstance(name, str) or not name:
+        raise TypeError(f"name must be a non-empty str, got {name!r}")
+    if not isinstance(label, str):
+        raise TypeError(f"label must be a str, got {type(label).__name__}")
+    if not callable(factory) or isinstance(factory, nn.Module):  # an encoding itself is not a factory
+        raise TypeError(f"factory must be a callable config -> PositionalEncoding, got {type(factory).__name__}")
+    if not isinstance(causal, bool):
+        raise TypeError(f"causal must be a bool, got {type(causal).__name__}")
+    if name in ENCODINGS and name not in _ADDED:
+        raise ValueError(f"encoding name {name!r} is taken (by {ENCODINGS[name][0]!r}); pick another name")
+    encoding = factory(ExperimentConfig())
+    if not isinstance(encoding, PositionalEncoding):
+        raise TypeError(f"factory must return a posenc PositionalEncoding, got {type(encoding).__name__}")
+    ENCODINGS[name] = (label, causal, factory)
+    _ADDED.add(name)
+    return name
+
+
 def add_layer_pattern(name: str, layers, label: str | None = None) -> str:
     """Register a model whose layers have different encodings as the encoding name ``name`` of :data:`ENCODINGS`
     (so :func:`build_model`, :func:`train`, :func:`run_plan` and the tables take it like any other); returns
     ``name``.
 
-    ``layers``: names of :data:`ENCODINGS`, repeated over the model's depth: layer ``i`` gets
+    ``layers``: names of :data:`ENCODINGS` (built in, or added by :func:`add_encoding`), repeated over the model's
+    depth: layer ``i`` gets
     ``layers[i % len(layers)]`` (``("rope", "rope", "rope", "nope-causal")`` is the 3:1 pattern at any depth,
     ``("nope-causal", "rope")`` alternates). Each must act on q and k or not at all (RoPE, the group encodings,
     causal NoPE: not an input or a logit-bias encoding, not another pattern), and all must be causal or all
@@ -146,7 +175,7 @@ def add_layer_pattern(name: str, layers, label: str | None = None) -> str:
         raise ValueError("layers must name at least one encoding")
     if name in ENCODINGS:
         if _PATTERNS.get(name) == layers and (label is None or ENCODINGS[name][0] == label):
-            return name
+            return name  # names resolve when a model is built: a re-added member encoding takes effect
         raise ValueError(f"encoding name {name!r} is taken (by {ENCODINGS[name][0]!r}); pick another name")
     probe = ExperimentConfig()
     for each in layers:
@@ -160,9 +189,8 @@ def add_layer_pattern(name: str, layers, label: str | None = None) -> str:
     if label is None:
         label = "layers " + ", ".join(ENCODINGS[each][0] for each in layers) + (" (repeated)" if len(layers) > 1
                                                                                   else "")
-    factories = [ENCODINGS[each][2] for each in layers]
     ENCODINGS[name] = (label, causal.pop(),
-                       lambda c: LayerEncodings(factories[i % len(factories)](c) for i in range(c.n_layers)))
+                       lambda c: LayerEncodings(ENCODINGS[layers[i % len(layers)]][2](c) for i in range(c.n_layers)))
     _PATTERNS[name] = layers
     return name
 
@@ -726,7 +754,7 @@ def position_probe_r2(hidden: torch.Tensor) -> float:
     return (1 - (error**2).sum() / ((position[~train] - position[~train].mean()) ** 2).sum()).item()
 
 
-__all__ = ["ExperimentConfig", "threads", "ENCODINGS", "add_layer_pattern", "JORDAN_DAMPING", "jordan_frequencies", "jordan_rotation_generator",
+__all__ = ["ExperimentConfig", "threads", "ENCODINGS", "add_encoding", "add_layer_pattern", "JORDAN_DAMPING", "jordan_frequencies", "jordan_rotation_generator",
            "with_rope", "fine_tune", "accuracies", "encoding_label", "Block", "TinyTransformer", "build_model", "Run",
            "Ensemble", "train", "evaluation_data", "evaluate", "EVAL_CHUNK_SCORES", "evaluate_ensemble",
            "run_plan", "run_encoding", "run_experiments", "accuracy_spread",
