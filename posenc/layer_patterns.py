@@ -8,6 +8,7 @@ Today's models do not give every layer the same encoding:
   (:func:`attention_temperature`, the plug-in :class:`AttentionTemperature`), and its RoPE layers attend within
   chunks (``attention_chunk_size``).
 * Gemma 3 rotates in every layer, with one table per layer type (local sliding-window layers and global ones).
+* Local layers attend within a window (:class:`LocalWindow`: a sliding window, or Llama 4's chunks).
 
 :func:`layer_pattern` reads any of these from a transformers config, one :class:`LayerSpec` per layer, and
 :class:`LayerEncodings` gives a model of the book one plug-in per layer (``posenc.lab.experiments`` trains them).
@@ -72,12 +73,56 @@ class AttentionTemperature(PositionalEncoding):
         return (q * scale).to(q.dtype), k
 
 
+WINDOW_MODES = ("sliding", "chunked")
+
+
+class LocalWindow(PositionalEncoding):
+    """Local attention around another "qk" or "none" encoding: ``encoding`` acts on q and k as it would alone, and
+    the logit bias is ``-inf`` outside the window (0 inside), so a query sees only nearby keys.
+
+    ``mode="sliding"`` (Mistral, Gemma's local layers, RNoPE-SWA): key ``n`` is visible to query ``m`` iff
+    ``m - n < size`` (with a causal mask: the ``size`` most recent positions, itself included), transformers'
+    ``sliding_window``. ``mode="chunked"`` (Llama 4's RoPE layers, ``attention_chunk_size``): iff ``m`` and ``n``
+    lie in the same chunk, ``floor(m / size) == floor(n / size)``. ``logit_bias``: ``(Lq, Lk)`` or
+    ``(B, 1, Lq, Lk)`` float32 for positions ``(L,)`` or ``(B, L)``.
+    """
+
+    kind = "qk"
+
+    def __init__(self, encoding: PositionalEncoding, size: int, mode: str = "sliding"):
+        super().__init__()
+        if not isinstance(encoding, PositionalEncoding):
+            raise TypeError(f"encoding must be a posenc PositionalEncoding, got {type(encoding).__name__}")
+        if encoding.kind not in ("qk", "none") or isinstance(encoding, (LayerEncodings, LocalWindow)):
+            raise ValueError(f"encoding must act on q and k or not at all (RoPE, NoPE, ...), got a {encoding.kind!r} "
+                             f"encoding {type(encoding).__name__}")
+        if mode not in WINDOW_MODES:
+            raise ValueError(f"mode must be one of {WINDOW_MODES}, got {mode!r}")
+        self.inner, self.size, self.mode = encoding, require_int("size", size, minimum=1), mode
+
+    def encode_qk(self, q, k, q_positions, k_positions):
+        return self.inner.encode_qk(q, k, q_positions, k_positions)
+
+    def visible(self, q_positions, k_positions) -> torch.Tensor:
+        """``(Lq, Lk)`` or ``(B, Lq, Lk)`` bool: True where the window lets query ``m`` see key ``n``."""
+        m, n = q_positions[..., :, None], k_positions[..., None, :]
+        if self.mode == "sliding":
+            return m - n < self.size
+        return torch.div(m, self.size, rounding_mode="floor") == torch.div(n, self.size, rounding_mode="floor")
+
+    def logit_bias(self, q_positions, k_positions):
+        visible = self.visible(q_positions, k_positions)
+        bias = torch.zeros(visible.shape, device=visible.device).masked_fill(~visible, float("-inf"))
+        return bias if bias.ndim == 2 else bias[:, None]
+
+
 class LayerEncodings(PositionalEncoding):
     """One plug-in encoding per layer: ``layer(i)`` is layer ``i``'s (``encodings[i]``).
 
     ``encodings``: a sequence of :class:`posenc.encodings.PositionalEncoding` of kind ``"qk"`` (RoPE, the group
-    encodings, :class:`AttentionTemperature`) or ``"none"`` (NoPE); an "input" encoding is added once before the
-    first layer and a "logits" bias is shared by all layers in the book's models, so neither is accepted here.
+    encodings, :class:`AttentionTemperature`, :class:`LocalWindow` around one of them) or ``"none"`` (NoPE); an
+    "input" encoding is added once before the first layer and a "logits" bias is shared by all layers in the book's
+    models, so neither is accepted here.
     It is a "qk" plug-in only through ``layer(i)``: calling ``encode_qk`` on the whole raises a TypeError.
     """
 
@@ -174,5 +219,6 @@ def layer_pattern(config) -> list[LayerSpec]:
     return specs
 
 
-__all__ = ["nope_every", "attention_temperature", "AttentionTemperature", "LayerEncodings", "LayerSpec",
+__all__ = ["nope_every", "attention_temperature", "AttentionTemperature", "WINDOW_MODES", "LocalWindow",
+           "LayerEncodings", "LayerSpec",
            "layer_pattern"]

@@ -413,3 +413,25 @@ def test_add_encoding_then_a_pattern_with_it_trains(_pattern_names):
     with pytest.raises(TypeError, match="factory must be a callable"):
         add_encoding("bad-factory-test", "bad", posenc.NoPE())
     assert "bad-factory-test" not in ENCODINGS
+
+
+def test_local_rope_layers_and_a_global_nope_layer_stack_as_alone(_pattern_names):
+    from posenc.layer_patterns import LocalWindow
+
+    _pattern_names.append(add_encoding("rope-window-test", "RoPE, window 3",
+                                       lambda c: LocalWindow(posenc.RotaryEmbedding(c.head_dim), 3)))
+    _pattern_names.append(add_layer_pattern("rnope-swa-test", ["rope-window-test"] * 3 + ["nope-causal"]))
+    ensemble, _ = train(CopyBack(1), ["rnope-swa-test", "hybrid"], replace(DEEP, steps=5))
+    assert len(ensemble.groups) == 2  # the windowed pattern and the plain hybrid never share a call
+    tokens = torch.randint(DEEP.vocab_size, (4, 2, 12), generator=torch.Generator().manual_seed(2))
+    models = ensemble.trained_models()
+    alone = [m(tokens[i], return_weights=True) for i, m in enumerate(models)]
+    stacked, weights = ensemble.logits(tokens, return_weights=True)
+    # float32: the fused attention adds in another order than softmax(q k^T) v
+    assert torch.allclose(ensemble.logits(tokens), torch.stack([a[0] for a in alone]), atol=1e-5)
+    assert torch.allclose(stacked, torch.stack([a[0] for a in alone]), atol=1e-5)
+    far = torch.arange(12)[:, None] - torch.arange(12)[None, :] >= 3  # keys 3 or more positions back
+    assert (weights[0][:2][..., far] == 0).all() and (weights[2][:2][..., far] == 0).all()  # local RoPE layers
+    assert (weights[3][:2][..., far] > 0).all()  # the global NoPE layer sees every earlier key
+    assert (weights[0][2:][..., far] > 0).all()  # the plain hybrid's RoPE layers are global
+    assert torch.allclose(weights[0], torch.stack([a[1][0] for a in alone]), atol=1e-5)

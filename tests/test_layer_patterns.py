@@ -154,3 +154,30 @@ def test_gemma3_pattern_has_a_table_per_layer_type():
         with posenc.use_posenc_rope(model, tables) as patched:
             got = patched(ids).logits
     assert torch.equal(got, expected)
+
+
+def test_local_windows_are_transformers_sliding_and_chunked_masks():
+    from transformers.masking_utils import chunked_overlay, sliding_window_overlay
+
+    positions = torch.arange(20)
+    m, n = positions[:, None], positions[None, :]
+    for size in (1, 3, 8):
+        sliding, chunked = lp.LocalWindow(posenc.NoPE(), size), lp.LocalWindow(posenc.NoPE(), size, "chunked")
+        assert torch.equal(sliding.visible(positions, positions), sliding_window_overlay(size)(0, 0, m, n))
+        no_padding = torch.zeros(1, dtype=torch.long)
+        assert torch.equal(chunked.visible(positions, positions), chunked_overlay(size, no_padding)(0, 0, m, n))
+        bias = chunked.logit_bias(positions[None], positions[None])
+        assert bias.shape == (1, 1, 20, 20) and set(bias.unique().tolist()) <= {0.0, float("-inf")}
+    rope = posenc.RotaryEmbedding(8)
+    q, k = torch.randn(1, 2, 6, 8), torch.randn(1, 2, 6, 8)
+    windowed = lp.LocalWindow(rope, 4).encode_qk(q, k, torch.arange(6), torch.arange(6))
+    expected = rope.encode_qk(q, k, torch.arange(6), torch.arange(6))
+    assert all(torch.equal(a, b) for a, b in zip(windowed, expected))  # the window leaves the rotation alone
+    with pytest.raises(ValueError, match="mode"):
+        lp.LocalWindow(rope, 4, "global")
+    with pytest.raises(ValueError, match="size"):
+        lp.LocalWindow(rope, 0)
+    with pytest.raises(ValueError, match="q and k"):
+        lp.LocalWindow(posenc.ALiBi(2), 4)
+    with pytest.raises(TypeError, match="encoding"):
+        lp.LocalWindow("rope", 4)

@@ -26,7 +26,7 @@ from ..multihead import self_attention
 from ..encodings import NoPE, PositionalEncoding
 from ..generators import copy_frequencies, jordan_generator, xpos_generator
 from ..group_encodings import GroupEncoding
-from ..layer_patterns import LayerEncodings, nope_every
+from ..layer_patterns import LayerEncodings, LocalWindow, nope_every
 from ..rope import RotaryEmbedding
 from .tasks import IGNORE_INDEX, CopyTask
 
@@ -306,6 +306,8 @@ def _equivalent(first: PositionalEncoding, other: PositionalEncoding) -> bool:
         return False
     if isinstance(first, LayerEncodings):
         return len(first) == len(other) and all(_equivalent(a, b) for a, b in zip(first.encodings, other.encodings))
+    if isinstance(first, LocalWindow):
+        return (first.size, first.mode) == (other.size, other.mode) and _equivalent(first.inner, other.inner)
     shapes = [{key: value.shape for key, value in e.named_parameters()} for e in (first, other)]
     buffers, others = dict(first.named_buffers()), dict(other.named_buffers())
     if shapes[0] != shapes[1] or buffers.keys() != others.keys():
@@ -459,6 +461,22 @@ class Ensemble:
             self._tables[length] = (torch.cat(inputs)[:, None] if has_input else None, torch.cat(additive)[:, None])
         return self._tables[length]
 
+    def _window_bias(self, layer: int, length: int):
+        """The extra ``-inf`` bias ``(M, 1, H, L, L)`` of the local windows (:class:`LocalWindow`, "qk" encodings
+        with a logit bias) at ``layer``, or None when no model has one there (computed once per layer and length)."""
+        key = ("window", layer, length)
+        if key not in self._tables:
+            positions = torch.arange(length, device=self.device)
+            parts, found = [], False
+            for start, stop, encoding, _ in self.groups:
+                encoding = _layer_encoding(encoding, layer)
+                bias = encoding.logit_bias(positions, positions) if encoding.kind == "qk" else None
+                found = found or bias is not None
+                bias = torch.zeros(length, length, device=self.device) if bias is None else bias.to(self.device)
+                parts.append(bias.expand(stop - start, self.n_heads, length, length))
+            self._tables[key] = torch.cat(parts)[:, None] if found else None
+        return self._tables[key]
+
     def _flat_mask(self, length: int, batch: int) -> torch.Tensor:
         """The logit bias plus causal mask expanded to ``(M B, H, L, L)`` for the fused attention (kept for the
         last ``(length, batch)`` asked)."""
@@ -513,13 +531,18 @@ class Ensemble:
                                                   encoding.encode_qk(q_parts[g].flatten(0, 1),
                                                                      k_parts[g].flatten(0, 1), positions, positions))
                 q, k = torch.cat(q_parts), torch.cat(k_parts)
+            window = self._window_bias(layer, length)
             if return_weights:
-                attention = torch.softmax(q @ k.transpose(-1, -2) / math.sqrt(head_dim) + additive, dim=-1)
+                bias = additive if window is None else additive + window
+                attention = torch.softmax(q @ k.transpose(-1, -2) / math.sqrt(head_dim) + bias, dim=-1)
                 weights.append(attention)
                 mixed = attention @ v
             else:  # the same attention, fused (its scores are never stored whole): about half the time
                 flat = (t.reshape(n_models * batch, heads, length, head_dim) for t in (q, k, v))
-                mixed = nn.functional.scaled_dot_product_attention(*flat, attn_mask=self._flat_mask(length, batch))
+                mask = self._flat_mask(length, batch)
+                if window is not None:  # this layer's windows on top (a fresh tensor: one per local layer)
+                    mask = mask + window.expand(-1, batch, -1, -1, -1).reshape_as(mask)
+                mixed = nn.functional.scaled_dot_product_attention(*flat, attn_mask=mask)
             mixed = mixed.reshape(n_models, batch, heads, length, head_dim).transpose(2, 3).reshape(
                 n_models, batch * length, width)
             x = x + torch.bmm(mixed, p[prefix + "o.weight"].transpose(1, 2)).view_as(x)
@@ -754,8 +777,8 @@ def position_probe_r2(hidden: torch.Tensor) -> float:
     return (1 - (error**2).sum() / ((position[~train] - position[~train].mean()) ** 2).sum()).item()
 
 
-__all__ = ["ExperimentConfig", "threads", "ENCODINGS", "add_encoding", "add_layer_pattern", "JORDAN_DAMPING", "jordan_frequencies", "jordan_rotation_generator",
-           "with_rope", "fine_tune", "accuracies", "encoding_label", "Block", "TinyTransformer", "build_model", "Run",
-           "Ensemble", "train", "evaluation_data", "evaluate", "EVAL_CHUNK_SCORES", "evaluate_ensemble",
-           "run_plan", "run_encoding", "run_experiments", "accuracy_spread",
-           "mean_position_accuracy", "results_table", "position_probe_r2"]
+__all__ = ["ExperimentConfig", "threads", "ENCODINGS", "add_encoding", "add_layer_pattern", "JORDAN_DAMPING",
+           "jordan_frequencies", "jordan_rotation_generator", "with_rope", "fine_tune", "accuracies",
+           "encoding_label", "Block", "TinyTransformer", "build_model", "Run", "Ensemble", "train",
+           "evaluation_data", "evaluate", "EVAL_CHUNK_SCORES", "evaluate_ensemble", "run_plan", "run_encoding",
+           "run_experiments", "accuracy_spread", "mean_position_accuracy", "results_table", "position_probe_r2"]
