@@ -12,7 +12,8 @@ so ``W_UK`` is absorbed into the query side once (:func:`absorb_key_up_projectio
 each query is a ``d_c``-vector scored against the cache itself (:func:`absorbed_logits`). With RoPE on the whole
 key the logit is ``(R(m) W_q x_m)^T R(n) W_UK c_n = x_m^T W_q^T R(m)^T R(n) W_UK c_n``: the rotation sits between
 ``W_q`` and ``W_UK`` and changes with the offset, so no one matrix absorbs it (:func:`full_key_rope_logits`
-differs from :func:`absorbed_logits` except where ``m = n``).
+differs from :func:`absorbed_logits` except where ``m = n``); it would take one matrix ``W_UK^T R(m - n) W_q`` per
+offset (:func:`absorb_key_up_projection` with ``inv_freq`` and ``offset``).
 
 DeepSeek's way out, "decoupled RoPE" (:class:`LatentAttention`): every head's query and key have two parts, a
 ``qk_nope_head_dim`` part that carries no position (it absorbs ``W_UK``) and a ``qk_rope_head_dim`` part that is
@@ -35,7 +36,7 @@ from torch import nn
 
 from ._checks import as_positions, check_head_dim, check_layout, require_int, require_real_floating
 from .multihead import merge_heads, split_heads
-from .rope import apply_rope, interleaved_to_half_permutation, rope_cos_sin
+from .rope import apply_rope, interleaved_to_half_permutation, rope_cos_sin, rope_matrix
 from .rope_types import _yarn_mscale, check_rope_parameters, rope_frequencies
 
 
@@ -54,18 +55,31 @@ def _check_heads(name: str, w: torch.Tensor, n_heads: int) -> int:
     return w.shape[0] // n_heads
 
 
-def absorb_key_up_projection(w_q: torch.Tensor, w_uk: torch.Tensor, n_heads: int) -> torch.Tensor:
+def absorb_key_up_projection(w_q: torch.Tensor, w_uk: torch.Tensor, n_heads: int,
+                             inv_freq: torch.Tensor | None = None, offset: float = 0.0,
+                             layout: str = "half") -> torch.Tensor:
     """``(W_UK^h)^T W_q^h`` for every head: ``(H, d_c, d_model)``.
 
     ``w_q``: ``(H * D, d_model)``, the query projection; ``w_uk``: ``(H * D, d_c)``, the key up-projection from the
     latent (both ``nn.Linear`` layout). The absorbed query of ``x_m`` is ``absorbed[h] @ x_m``, a ``d_c``-vector.
+
+    With ``inv_freq`` ``(R/2,)`` (RoPE on the whole key): ``(W_UK^h)^T R(offset) W_q^h`` instead, in float64 (the
+    rotation from :func:`posenc.rope_matrix`), the matrix that serves only the query-key pairs at that offset
+    ``m - n``: the logit ``(R(m) q_m)^T R(n) k_n`` is ``(absorbed x_m)^T c_n``. One matrix per offset, so no single
+    absorbed query scores a whole cache.
     """
     require_int("n_heads", n_heads, minimum=1)
     _check_matrix("w_q", w_q)
     _check_matrix("w_uk", w_uk, rows=w_q.shape[0])
     head_dim = _check_heads("w_q", w_q, n_heads)
     w_q, w_uk = w_q.view(n_heads, head_dim, -1), w_uk.view(n_heads, head_dim, -1)
-    return w_uk.transpose(1, 2) @ w_q
+    if inv_freq is None:
+        return w_uk.transpose(1, 2) @ w_q
+    check_layout(layout)
+    if 2 * inv_freq.shape[-1] > head_dim:
+        raise ValueError(f"inv_freq must have at most D/2 = {head_dim // 2} entries, got {inv_freq.shape[-1]}")
+    # q^T R(m)^T R(n) k = q^T R(n - m) k = (W_UK^T R(m - n) W_q x_m)^T c_n
+    return w_uk.double().transpose(1, 2) @ rope_matrix(offset, inv_freq, layout, head_dim) @ w_q.double()
 
 
 def _check_inputs(x, latents, w_q, w_uk, n_heads):

@@ -41,6 +41,26 @@ def test_absorption_is_exact_without_rope_and_wrong_with_rope_on_the_whole_key()
     assert (diagonal <= 8 * U32 * torch.diagonal(magnitude, dim1=-2, dim2=-1)).all()
 
 
+@pytest.mark.parametrize("layout", ["half", "interleaved"])
+def test_with_rope_on_the_whole_key_absorption_needs_one_matrix_per_offset(layout):
+    x, c, w_q, w_uk, heads, head_dim = _inputs(length=7)
+    inv_freq, _ = posenc.rope_frequencies(head_dim)
+    rotated = mla.full_key_rope_logits(x, c, w_q, w_uk, heads, inv_freq, layout=layout)
+    magnitude = mla.absorbed_logits(x.abs(), c.abs(), w_q.abs(), w_uk.abs(), heads)
+    # the float32 tables of full_key_rope_logits against rope_matrix's float64 ones: each cos or sin entry is off by
+    # at most u32 (|angle| + 1) (the angle's rounding, then the function's), angles reach 6 rad here, and a rotated
+    # feature mixes two, so 4 (6 + 1) u32 per factor, twice in the bilinear logit
+    tolerance = 2 * 4 * 7 * U32 * magnitude
+    matrices = {offset: mla.absorb_key_up_projection(w_q, w_uk, heads, inv_freq, offset, layout)
+                for offset in range(-6, 7)}
+    for m in range(7):
+        for n in range(7):
+            absorbed = torch.einsum("hcd,bd,bc->bh", matrices[m - n], x[:, m], c[:, n]) / head_dim**0.5
+            assert ((absorbed - rotated[..., m, n]).abs() <= tolerance[..., m, n]).all()
+    assert not torch.allclose(matrices[1], matrices[0])  # another offset, another matrix
+    assert torch.allclose(matrices[0], mla.absorb_key_up_projection(w_q, w_uk, heads), rtol=0, atol=1e-14)
+
+
 def test_the_absorbed_matrix_is_wuk_transposed_times_wq_per_head():
     _, _, w_q, w_uk, heads, head_dim = _inputs()
     absorbed = mla.absorb_key_up_projection(w_q, w_uk, heads)
@@ -129,6 +149,8 @@ def test_bad_input():
         mla.absorbed_logits(x, c, w_q, w_uk[:, :3], heads)
     with pytest.raises(ValueError, match="n_heads"):
         mla.absorb_key_up_projection(w_q, w_uk, 3)
+    with pytest.raises(ValueError, match="inv_freq"):
+        mla.absorb_key_up_projection(w_q, w_uk, heads, torch.ones(5), offset=1)
     with pytest.raises(TypeError, match="x"):
         mla.absorbed_logits(x.long(), c, w_q, w_uk, heads)
     with pytest.raises(ValueError, match="qk_rope_head_dim"):
