@@ -17,7 +17,7 @@ from posenc.lab.experiments import (ENCODINGS, Ensemble, ExperimentConfig, TinyT
                                     run_plan, threads, train, with_rope)
 from posenc.generators import jordan_generator
 from posenc.lab.tasks import IGNORE_INDEX, CopyBack, FetchPosition, position_blind_accuracy
-from posenc.layer_patterns import LayerEncodings
+from posenc.layer_patterns import LayerEncodings, nope_every
 
 TINY = ExperimentConfig(vocab_size=8, train_length=8, length_factors=(1, 2, 4), d_model=16, n_heads=2, n_layers=1,
                         d_mlp=32, steps=40, batch_size=16, learning_rate=1e-2, warmup_steps=5, eval_batch_size=32,
@@ -320,6 +320,8 @@ def test_hybrid_rope_layers_rotate_and_its_nope_layer_does_not():
     model = build_model("hybrid", DEEP, seed=0)
     layers = [model.encoding.layer(i) for i in range(4)]
     assert [type(e).__name__ for e in layers] == ["RotaryEmbedding"] * 3 + ["NoPE"]
+    eight = build_model("hybrid", replace(DEEP, n_layers=8), seed=0).encoding
+    assert [eight.layer(i).kind == "qk" for i in range(8)] == nope_every(8)  # transformers' default pattern
     q, k = torch.randn(2, 2, 9, DEEP.head_dim), torch.randn(2, 2, 9, DEEP.head_dim)
     positions = torch.arange(9)
     cos, sin = posenc.rope_cos_sin(positions, layers[0].inv_freq)

@@ -26,7 +26,7 @@ from ..multihead import self_attention
 from ..encodings import NoPE, PositionalEncoding
 from ..generators import copy_frequencies, jordan_generator, xpos_generator
 from ..group_encodings import GroupEncoding
-from ..layer_patterns import LayerEncodings, LocalWindow, nope_every
+from ..layer_patterns import LayerEncodings, LocalWindow
 from ..rope import RotaryEmbedding
 from .tasks import IGNORE_INDEX, CopyTask
 
@@ -116,15 +116,9 @@ ENCODINGS = {
                         lambda c: GroupEncoding(jordan_rotation_generator(c.head_dim))),
     "jordan-rotation-damped": ("rotation at Jordan's frequencies, damped", True,
                                lambda c: GroupEncoding(jordan_rotation_generator(c.head_dim, JORDAN_DAMPING))),
-    # Llama 4 / SmolLM3's 3:1 pattern: layer i is NoPE iff (i + 1) % 4 == 0 (pure RoPE below 4 layers)
-    "hybrid": ("RoPE, NoPE every 4th layer (3:1)", True,
-               lambda c: LayerEncodings(RotaryEmbedding(c.head_dim) if rotary else NoPE()
-                                        for rotary in nope_every(c.n_layers))),
 }
 
-_PATTERNS = {"hybrid": ("rope", "rope", "rope", "nope-causal")}  # name -> the per-layer names it repeats
-
-
+_PATTERNS: dict = {}  # name -> the per-layer encoding names it repeats (add_layer_pattern)
 _ADDED: set = set()  # names registered by add_encoding (a re-run notebook may define them again)
 
 
@@ -159,9 +153,8 @@ def add_layer_pattern(name: str, layers, label: str | None = None) -> str:
     ``name``.
 
     ``layers``: names of :data:`ENCODINGS` (built in, or added by :func:`add_encoding`), repeated over the model's
-    depth: layer ``i`` gets
-    ``layers[i % len(layers)]`` (``("rope", "rope", "rope", "nope-causal")`` is the 3:1 pattern at any depth,
-    ``("nope-causal", "rope")`` alternates). Each must act on q and k or not at all (RoPE, the group encodings,
+    depth: layer ``i`` gets ``layers[i % len(layers)]`` (``("rope", "rope", "rope", "nope-causal")`` is the 3:1
+    pattern at any depth, the built-in ``"hybrid"``; ``("nope-causal", "rope")`` alternates). Each must act on q and k or not at all (RoPE, the group encodings,
     causal NoPE: not an input or a logit-bias encoding, not another pattern), and all must be causal or all
     bidirectional. Registering the same pattern under the same name again is allowed (a re-run notebook);
     another pattern under a taken name raises ValueError.
@@ -203,6 +196,11 @@ def _check_name(name: str) -> str:
     if name not in ENCODINGS:
         raise ValueError(f"encoding must be one of {list(ENCODINGS)}, got {name!r}")
     return name
+
+
+# Llama 4 / SmolLM3's 3:1 pattern: layer i is NoPE iff (i + 1) % 4 == 0, transformers' default no_rope_layers
+# (posenc.layer_patterns.nope_every); pure RoPE below 4 layers
+add_layer_pattern("hybrid", ("rope", "rope", "rope", "nope-causal"), "RoPE, NoPE every 4th layer (3:1)")
 
 
 class Block(nn.Module):
