@@ -15,6 +15,7 @@ Today's models do not give every layer the same encoding:
 """
 from __future__ import annotations
 
+import numbers
 from dataclasses import dataclass
 
 import torch
@@ -36,14 +37,18 @@ def nope_every(n_layers: int, interval: int = 4) -> list[bool]:
 
 def attention_temperature(positions, floor_scale: float = 8192, attn_scale: float = 0.1) -> torch.Tensor:
     """Llama 4's query scale for NoPE layers, ``log(floor((p + 1) / floor_scale) + 1) * attn_scale + 1``, in
-    float32 for ``positions`` ``(*P,)`` (the query's absolute position ``p``; transformers uses the number of
-    tokens already cached plus the index in the chunk): ``(*P,)`` float32, with transformers' order of operations.
+    float32 for ``positions`` ``(*P,)`` (the query's absolute position ``p``; transformers takes the number of
+    tokens already cached plus the index in the current input, not ``position_ids``): ``(*P,)`` float32, with
+    transformers' order of operations.
 
     It is 1 for ``p < floor_scale - 1`` and grows like ``attn_scale * log(p / floor_scale)`` after: a sharper
-    softmax for late queries, whose logits spread over more keys. Defaults: Llama 4's (8192, 0.1).
+    softmax for late queries, which face more keys (transformers' code cites arXiv 2501.19399, scalable softmax).
+    Defaults: Llama 4's (8192, 0.1).
     """
     positions = as_positions("positions", positions)
     floor_scale = require_positive_number("floor_scale", floor_scale)
+    if isinstance(attn_scale, bool) or not isinstance(attn_scale, numbers.Real):
+        raise TypeError(f"attn_scale must be a number, got {type(attn_scale).__name__}")
     attn_scale = float(attn_scale)
     if not attn_scale >= 0:
         raise ValueError(f"attn_scale must be a number >= 0, got {attn_scale!r}")
@@ -55,9 +60,12 @@ class AttentionTemperature(PositionalEncoding):
     by :func:`attention_temperature` ``(m)``, the key is left alone, nothing rotates.
 
     The logit becomes ``s(m) q_m^T k_n``: a function of the query's absolute position, not of the offset ``m - n``
-    alone, so a shifted sequence gets other logits (translation invariance, chapter 8's first axiom, is lost;
-    only while ``m + 1 < floor_scale`` is every ``s(m) = 1``). ``encode_qk``: ``q`` ``(B, H, Lq, D)`` scaled in its
-    own dtype (as transformers does: ``(q * scale).to(q.dtype)``), ``k`` ``(B, H, Lk, D)`` returned as it is.
+    alone, so a shifted sequence gets other logits. In chapter 8's terms ``F(m) = s(m) I`` and ``G(n) = I`` are
+    linear (axiom 1 holds) but ``F(m)^T G(n) = s(m) I`` is not a function of ``n - m`` (axiom 2, translation
+    invariance, fails) except while every ``m + 1 < floor_scale``, where ``s(m) = 1``.
+
+    ``encode_qk``: ``q`` ``(B, H, Lq, D)`` scaled in its own dtype (as transformers does:
+    ``(q * scale).to(q.dtype)``), ``k`` ``(B, H, Lk, D)`` returned as it is.
     """
 
     kind = "qk"

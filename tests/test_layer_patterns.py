@@ -99,6 +99,8 @@ def test_layer_encodings_hold_one_qk_or_none_encoding_per_layer():
         lp.AttentionTemperature(floor_scale=0)
     with pytest.raises(ValueError, match="attn_scale"):
         lp.attention_temperature(torch.arange(3), 8, -1.0)
+    with pytest.raises(TypeError, match="attn_scale"):
+        lp.attention_temperature(torch.arange(3), 8, "0.1")
     with pytest.raises(TypeError, match="config"):
         lp.layer_pattern({"num_hidden_layers": 2})
 
