@@ -138,8 +138,8 @@ def _rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor
 
 
 class LatentAttention(nn.Module):
-    """DeepSeek-V2/V3 multi-head latent attention with decoupled RoPE (no bias, no dropout, one sequence at a time
-    without a cache).
+    """DeepSeek-V2/V3 multi-head latent attention with decoupled RoPE (no bias, no dropout, no KV cache: every
+    call sees the whole sequence).
 
     Sizes: ``d_model``; ``n_heads`` = H; ``kv_lora_rank`` = d_c; ``qk_nope_head_dim`` = d_n and
     ``qk_rope_head_dim`` = d_r (even), the two parts of each query and key head; ``v_head_dim`` = d_v;

@@ -91,6 +91,21 @@ def test_decoupled_rope_restores_the_absorption(q_lora_rank):
     assert explicit.abs().max() > 0.1  # not a trivially small comparison
 
 
+def test_decoupled_logits_depend_on_the_offset_only():
+    layer = _layer()
+    x = torch.randn(2, 9, 16, dtype=torch.float64)
+    shift = 40
+    before, after = layer.logits(x), layer.logits(x, torch.arange(9) + shift)
+    q_nope, q_rope = layer.queries(x)
+    _, k_rope = layer.latents(x)
+    rope_magnitude = q_rope.abs() @ k_rope.abs()[:, None].transpose(-1, -2) * layer.scaling
+    # only the rope slice sees positions, through float32 tables: each cos or sin entry is off by at most
+    # u32 (|angle| + 1) at angles up to 48 rad, a rotated feature mixes two, twice in the bilinear logit; 1e-12
+    # covers the float64 rounding of the whole 8-term sum (8 u64 times logits of a few units: ~1e-14)
+    tolerance = 2 * 4 * 49 * U32 * rope_magnitude + 1e-12
+    assert ((before - after).abs() <= tolerance).all()
+
+
 def test_the_cache_holds_d_c_plus_d_r_numbers_per_token_and_the_rope_part_is_shared():
     layer = _layer()
     x = torch.randn(1, 5, 16, dtype=torch.float64)
