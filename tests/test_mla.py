@@ -96,7 +96,7 @@ def test_decoupled_logits_depend_on_the_offset_only():
     x = torch.randn(2, 9, 16, dtype=torch.float64)
     shift = 40
     before, after = layer.logits(x), layer.logits(x, torch.arange(9) + shift)
-    q_nope, q_rope = layer.queries(x)
+    _, q_rope = layer.queries(x)
     _, k_rope = layer.latents(x)
     rope_magnitude = q_rope.abs() @ k_rope.abs()[:, None].transpose(-1, -2) * layer.scaling
     # only the rope slice sees positions, through float32 tables: each cos or sin entry is off by at most
