@@ -20,6 +20,11 @@ Modules, one concept each, in the order of the chapters:
 * :mod:`posenc.data_dependent`: encodings that read the content (CoPE, FoX, PaTH), plug-ins of the kind "content";
 * :mod:`posenc.jordan`: the numerical real Jordan form of a generator, i.e. the family of its encoding;
 * :mod:`posenc.context_extension`: wavelengths, turns and trade-offs of stretched frequency tables;
+* :mod:`posenc.layer_patterns`: models whose layers differ: hybrid RoPE/NoPE layers
+  (:class:`~posenc.layer_patterns.LayerEncodings`), Llama 4's attention temperature for NoPE layers, the per-layer
+  pattern of a transformers config;
+* :mod:`posenc.mla`: DeepSeek's multi-head latent attention, why RoPE on the whole key blocks its absorption of
+  ``W_UK`` and how the decoupled rope slice restores it (:class:`~posenc.mla.LatentAttention`);
 * :mod:`posenc.transformers_rope`: a transformers causal LM (Llama, Mistral, Qwen2/3, Gemma 2/3, Phi-3, SmolLM3,
   GPT-NeoX) run with posenc's RoPE, unchanged or with changed tables, pairs or layers (:func:`use_posenc_rope`);
 * :mod:`posenc.lab`: the book's plumbing (figures, experiments and their tasks and tables, pretrained embeddings,
@@ -53,7 +58,7 @@ from .nd_rope import NDRoPE
 from .group_encodings import GroupEncoding, MultiGroupEncoding
 from .learned_generators import CayleySTRING, ComRoPE, LieRE
 from .data_dependent import CoPE, FoX, PaTH
-from . import transformers_rope
+from . import layer_patterns, mla, transformers_rope
 from .transformers_rope import use_posenc_rope
 
 __version__ = "0.1.0"

@@ -1,4 +1,5 @@
 """posenc.lab.tasks and posenc.lab.experiments: task generators, the tiny transformer, training and its determinism."""
+import copy
 import itertools
 from dataclasses import replace
 
@@ -7,12 +8,16 @@ import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from posenc.lab.experiments import (ENCODINGS, Ensemble, ExperimentConfig, accuracies, accuracy_spread, build_model,
-                                encoding_label, evaluate, evaluate_ensemble, fine_tune, jordan_frequencies,
-                                jordan_rotation_generator, results_table, run_encoding, run_experiments, run_plan,
-                                threads, train, with_rope)
+import posenc
+from posenc.lab import experiments
+from posenc.lab.experiments import (ENCODINGS, Ensemble, ExperimentConfig, TinyTransformer, accuracies,
+                                    accuracy_spread, add_encoding, add_layer_pattern, build_model, encoding_label,
+                                    evaluate, evaluate_ensemble, fine_tune, jordan_frequencies,
+                                    jordan_rotation_generator, results_table, run_encoding, run_experiments,
+                                    run_plan, threads, train, with_rope)
 from posenc.generators import jordan_generator
 from posenc.lab.tasks import IGNORE_INDEX, CopyBack, FetchPosition, position_blind_accuracy
+from posenc.layer_patterns import LayerEncodings, nope_every
 
 TINY = ExperimentConfig(vocab_size=8, train_length=8, length_factors=(1, 2, 4), d_model=16, n_heads=2, n_layers=1,
                         d_mlp=32, steps=40, batch_size=16, learning_rate=1e-2, warmup_steps=5, eval_batch_size=32,
@@ -305,3 +310,130 @@ def test_fine_tune_trains_copies_and_leaves_the_models_alone():
         fine_tune(models[:1], CopyBack(1), TINY, length=16, steps=3)
     with pytest.raises(ValueError, match="steps"):
         fine_tune(models, CopyBack(1), TINY, length=16, steps=0)
+
+
+# hybrid layers (chapter 13) ---------------------------------------------------------------------------------------
+DEEP = replace(TINY, n_layers=4, steps=30)
+
+
+def test_hybrid_rope_layers_rotate_and_its_nope_layer_does_not():
+    model = build_model("hybrid", DEEP, seed=0)
+    layers = [model.encoding.layer(i) for i in range(4)]
+    assert [type(e).__name__ for e in layers] == ["RotaryEmbedding"] * 3 + ["NoPE"]
+    eight = build_model("hybrid", replace(DEEP, n_layers=8), seed=0).encoding
+    assert [eight.layer(i).kind == "qk" for i in range(8)] == nope_every(8)  # transformers' default pattern
+    q, k = torch.randn(2, 2, 9, DEEP.head_dim), torch.randn(2, 2, 9, DEEP.head_dim)
+    positions = torch.arange(9)
+    cos, sin = posenc.rope_cos_sin(positions, layers[0].inv_freq)
+    for index, encoding in enumerate(layers):
+        q_enc, k_enc = encoding.encode_qk(q, k, positions, positions)
+        if index == 3:
+            assert torch.equal(q_enc, q) and torch.equal(k_enc, k)
+        else:
+            assert torch.equal(q_enc, posenc.apply_rope(q, cos, sin))
+            assert torch.equal(k_enc, posenc.apply_rope(k, cos, sin))
+    # the model runs block i with layer i's encoding: its logits are those of that loop, and differ from the same
+    # weights with every layer rotating (the control) and with none rotating
+    tokens = torch.randint(DEEP.vocab_size, (2, 12), generator=torch.Generator().manual_seed(0))
+    with torch.no_grad():
+        x = model.embed(tokens)
+        for block, encoding in zip(model.blocks, layers):
+            x = block(x, encoding, torch.arange(12), causal=True)
+        assert torch.equal(model(tokens), model.readout(model.norm(x)))
+        for other in ([posenc.RotaryEmbedding(DEEP.head_dim)] * 4, [posenc.NoPE()] * 4):
+            changed = copy.deepcopy(model)
+            changed.encoding = LayerEncodings(other)
+            assert not torch.allclose(changed(tokens), model(tokens), atol=1e-3)
+
+
+def test_hybrid_trains_in_the_stack_as_alone():
+    ensemble, losses = train(CopyBack(1), ["hybrid", "rope"], DEEP)
+    assert losses.shape == (4, DEEP.steps)
+    assert torch.isfinite(losses).all() and (losses[:, -5:].mean(1) < losses[:, :5].mean(1)).all()
+    assert [stop - start for start, stop, _, _ in ensemble.groups] == [2, 2]  # the hybrid is not RoPE
+    tokens = torch.randint(DEEP.vocab_size, (4, 2, 10), generator=torch.Generator().manual_seed(2))
+    models = ensemble.trained_models()
+    alone = torch.stack([model(tokens[i]) for i, model in enumerate(models)])
+    assert torch.allclose(ensemble.logits(tokens), alone, atol=1e-5)  # float32: fused attention, another order
+
+
+@pytest.fixture
+def _pattern_names():
+    added = []
+    yield added
+    for name in added:
+        ENCODINGS.pop(name, None)
+        experiments._PATTERNS.pop(name, None)
+        experiments._ADDED.discard(name)
+
+
+def test_add_layer_pattern_registers_a_per_layer_model(_pattern_names):
+    name = add_layer_pattern("nope-first-test", ["nope-causal", "rope"])
+    _pattern_names.append(name)
+    assert add_layer_pattern(name, ("nope-causal", "rope")) == name  # the same again: a re-run notebook
+    model = build_model(name, DEEP, seed=0)
+    assert [type(model.encoding.layer(i)).__name__ for i in range(4)] == ["NoPE", "RotaryEmbedding"] * 2
+    assert model.causal and encoding_label(name).startswith("layers NoPE, causal, RoPE")
+    with pytest.raises(ValueError, match="taken"):
+        add_layer_pattern(name, ["rope"])
+    with pytest.raises(ValueError, match="taken"):
+        add_layer_pattern("rope", ["rope"])
+    with pytest.raises(ValueError, match="'sinusoidal'"):
+        add_layer_pattern("bad-input-test", ["rope", "sinusoidal"])
+    with pytest.raises(ValueError, match="all causal"):
+        add_layer_pattern("bad-causal-test", ["rope", "nope-bidirectional"])
+    with pytest.raises(ValueError, match="encoding must be one of"):
+        add_layer_pattern("bad-name-test", ["rope", "rotary"])
+    with pytest.raises(TypeError, match="sequence"):
+        add_layer_pattern("bad-str-test", "rope")
+    with pytest.raises(ValueError, match="one encoding per layer"):
+        TinyTransformer(DEEP, LayerEncodings([posenc.NoPE()] * 3), causal=True)
+    assert not {"bad-input-test", "bad-causal-test", "bad-name-test", "bad-str-test"} & set(ENCODINGS)
+
+
+def test_add_encoding_then_a_pattern_with_it_trains(_pattern_names):
+    from posenc.layer_patterns import AttentionTemperature
+
+    def tuned(config):
+        return AttentionTemperature(floor_scale=config.train_length // 2, attn_scale=0.5)
+
+    _pattern_names.append(add_encoding("nope-temperature-test", "NoPE, temperature", tuned))
+    assert add_encoding("nope-temperature-test", "NoPE, temperature", tuned)  # a re-run cell
+    _pattern_names.append(add_layer_pattern("irope-test", ["rope"] * 3 + ["nope-temperature-test"]))
+    model = build_model("irope-test", DEEP, seed=0)
+    assert isinstance(model.encoding.layer(3), AttentionTemperature) and model.encoding.layer(3).floor_scale == 4
+    ensemble, losses = train(CopyBack(1), "irope-test", replace(DEEP, steps=5))
+    tokens = torch.randint(DEEP.vocab_size, (2, 2, 24), generator=torch.Generator().manual_seed(2))
+    alone = torch.stack([m(tokens[i]) for i, m in enumerate(ensemble.trained_models())])
+    assert torch.allclose(ensemble.logits(tokens), alone, atol=1e-5)  # float32: fused attention, another order
+    with pytest.raises(ValueError, match="taken"):
+        add_encoding("rope", "RoPE again", lambda c: posenc.NoPE())
+    with pytest.raises(ValueError, match="taken"):
+        add_encoding("irope-test", "a pattern's name", lambda c: posenc.NoPE())
+    with pytest.raises(TypeError, match="factory must return"):
+        add_encoding("bad-factory-test", "bad", lambda c: None)
+    with pytest.raises(TypeError, match="factory must be a callable"):
+        add_encoding("bad-factory-test", "bad", posenc.NoPE())
+    assert "bad-factory-test" not in ENCODINGS
+
+
+def test_local_rope_layers_and_a_global_nope_layer_stack_as_alone(_pattern_names):
+    from posenc.layer_patterns import LocalWindow
+
+    _pattern_names.append(add_encoding("rope-window-test", "RoPE, window 3",
+                                       lambda c: LocalWindow(posenc.RotaryEmbedding(c.head_dim), 3)))
+    _pattern_names.append(add_layer_pattern("rnope-swa-test", ["rope-window-test"] * 3 + ["nope-causal"]))
+    ensemble, _ = train(CopyBack(1), ["rnope-swa-test", "hybrid"], replace(DEEP, steps=5))
+    assert len(ensemble.groups) == 2  # the windowed pattern and the plain hybrid never share a call
+    tokens = torch.randint(DEEP.vocab_size, (4, 2, 12), generator=torch.Generator().manual_seed(2))
+    models = ensemble.trained_models()
+    alone = [m(tokens[i], return_weights=True) for i, m in enumerate(models)]
+    stacked, weights = ensemble.logits(tokens, return_weights=True)
+    # float32: the fused attention adds in another order than softmax(q k^T) v
+    assert torch.allclose(ensemble.logits(tokens), torch.stack([a[0] for a in alone]), atol=1e-5)
+    assert torch.allclose(stacked, torch.stack([a[0] for a in alone]), atol=1e-5)
+    far = torch.arange(12)[:, None] - torch.arange(12)[None, :] >= 3  # keys 3 or more positions back
+    assert (weights[0][:2][..., far] == 0).all() and (weights[2][:2][..., far] == 0).all()  # local RoPE layers
+    assert (weights[3][:2][..., far] > 0).all()  # the global NoPE layer sees every earlier key
+    assert (weights[0][2:][..., far] > 0).all()  # the plain hybrid's RoPE layers are global
+    assert torch.allclose(weights[0], torch.stack([a[1][0] for a in alone]), atol=1e-5)

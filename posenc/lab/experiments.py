@@ -27,6 +27,7 @@ from ..data_dependent import CoPE, FoX, PaTH
 from ..encodings import NoPE, PositionalEncoding
 from ..generators import copy_frequencies, jordan_generator, xpos_generator
 from ..group_encodings import GroupEncoding
+from ..layer_patterns import LayerEncodings, LocalWindow
 from ..rope import RotaryEmbedding
 from .tasks import IGNORE_INDEX, CopyTask
 
@@ -118,6 +119,75 @@ ENCODINGS = {
                                lambda c: GroupEncoding(jordan_rotation_generator(c.head_dim, JORDAN_DAMPING))),
 }
 
+_PATTERNS: dict = {}  # name -> the per-layer encoding names it repeats (add_layer_pattern)
+_ADDED: set = set()  # names registered by add_encoding (a re-run notebook may define them again)
+
+
+def add_encoding(name: str, label: str, factory, causal: bool = True) -> str:
+    """Register ``factory(config) -> PositionalEncoding`` as the encoding name ``name`` of :data:`ENCODINGS`
+    (shown as ``label``, trained with a causal mask unless ``causal=False``); returns ``name``. Built-in names
+    and names of :func:`add_layer_pattern` are refused; a name added here may be added again (its new factory
+    replaces the old one). Example: Llama 4's NoPE layer at the harness's scale,
+    ``add_encoding("nope-temperature", "NoPE, temperature", lambda c: AttentionTemperature(c.train_length))``.
+    """
+    if not isinstance(name, str) or not name:
+        raise TypeError(f"name must be a non-empty str, got {name!r}")
+    if not isinstance(label, str):
+        raise TypeError(f"label must be a str, got {type(label).__name__}")
+    if not callable(factory) or isinstance(factory, nn.Module):  # an encoding itself is not a factory
+        raise TypeError(f"factory must be a callable config -> PositionalEncoding, got {type(factory).__name__}")
+    if not isinstance(causal, bool):
+        raise TypeError(f"causal must be a bool, got {type(causal).__name__}")
+    if name in ENCODINGS and name not in _ADDED:
+        raise ValueError(f"encoding name {name!r} is taken (by {ENCODINGS[name][0]!r}); pick another name")
+    encoding = factory(ExperimentConfig())
+    if not isinstance(encoding, PositionalEncoding):
+        raise TypeError(f"factory must return a posenc PositionalEncoding, got {type(encoding).__name__}")
+    ENCODINGS[name] = (label, causal, factory)
+    _ADDED.add(name)
+    return name
+
+
+def add_layer_pattern(name: str, layers, label: str | None = None) -> str:
+    """Register a model whose layers have different encodings as the encoding name ``name`` of :data:`ENCODINGS`
+    (so :func:`build_model`, :func:`train`, :func:`run_plan` and the tables take it like any other); returns
+    ``name``.
+
+    ``layers``: names of :data:`ENCODINGS` (built in, or added by :func:`add_encoding`), repeated over the model's
+    depth: layer ``i`` gets ``layers[i % len(layers)]`` (``("rope", "rope", "rope", "nope-causal")`` is the 3:1
+    pattern at any depth, the built-in ``"hybrid"``; ``("nope-causal", "rope")`` alternates). Each must act on q and k or not at all (RoPE, the group encodings,
+    causal NoPE: not an input or a logit-bias encoding, not another pattern), and all must be causal or all
+    bidirectional. Registering the same pattern under the same name again is allowed (a re-run notebook);
+    another pattern under a taken name raises ValueError.
+    """
+    if not isinstance(name, str) or not name:
+        raise TypeError(f"name must be a non-empty str, got {name!r}")
+    if isinstance(layers, str):
+        raise TypeError(f"layers must be a sequence of encoding names, got the str {layers!r}")
+    layers = tuple(_check_name(each) for each in layers)
+    if not layers:
+        raise ValueError("layers must name at least one encoding")
+    if name in ENCODINGS:
+        if _PATTERNS.get(name) == layers and (label is None or ENCODINGS[name][0] == label):
+            return name  # names resolve when a model is built: a re-added member encoding takes effect
+        raise ValueError(f"encoding name {name!r} is taken (by {ENCODINGS[name][0]!r}); pick another name")
+    probe = ExperimentConfig()
+    for each in layers:
+        encoding = ENCODINGS[each][2](probe)
+        if encoding.kind not in ("qk", "none") or isinstance(encoding, LayerEncodings):
+            raise ValueError(f"layers must name encodings that act on q and k or not at all, got {each!r} "
+                             f"(a {encoding.kind!r} encoding)")
+    causal = {ENCODINGS[each][1] for each in layers}
+    if len(causal) > 1:
+        raise ValueError(f"layers must be all causal or all bidirectional, got {layers}")
+    if label is None:
+        label = "layers " + ", ".join(ENCODINGS[each][0] for each in layers) + (" (repeated)" if len(layers) > 1
+                                                                                  else "")
+    ENCODINGS[name] = (label, causal.pop(),
+                       lambda c: LayerEncodings(ENCODINGS[layers[i % len(layers)]][2](c) for i in range(c.n_layers)))
+    _PATTERNS[name] = layers
+    return name
+
 
 # chapter 14's data-dependent encodings ("content" plug-ins), kept apart so that chapter 11's plan over ENCODINGS stays
 # as it is; every function here takes a name from either table
@@ -144,6 +214,11 @@ def _check_name(name: str) -> str:
     return name
 
 
+# Llama 4 / SmolLM3's 3:1 pattern: layer i is NoPE iff (i + 1) % 4 == 0, transformers' default no_rope_layers
+# (posenc.layer_patterns.nope_every); pure RoPE below 4 layers
+add_layer_pattern("hybrid", ("rope", "rope", "rope", "nope-causal"), "RoPE, NoPE every 4th layer (3:1)")
+
+
 class Block(nn.Module):
     """Pre-norm block: ``x + attention(norm(x))`` then ``x + mlp(norm(x))``."""
 
@@ -167,6 +242,9 @@ class Block(nn.Module):
 class TinyTransformer(nn.Module):
     """Token embedding, ``n_layers`` blocks, a final norm and a linear read-out to the vocabulary.
 
+    ``encoding``: one plug-in for every layer, or a :class:`posenc.layer_patterns.LayerEncodings` with one per
+    layer (a hybrid: block ``i`` uses ``encoding.layer(i)``).
+
     ``forward(tokens (B, L)) -> logits (B, L, V)``; with ``return_hidden=True`` also the residual stream
     after each block, a list of ``(B, L, d_model)``, and with ``return_weights=True`` the attention weights of
     each block, a list of ``(B, H, L, L)`` (in that order).
@@ -174,6 +252,9 @@ class TinyTransformer(nn.Module):
 
     def __init__(self, config: ExperimentConfig, encoding: PositionalEncoding, causal: bool):
         super().__init__()
+        if isinstance(encoding, LayerEncodings) and len(encoding) != config.n_layers:
+            raise ValueError(f"a LayerEncodings encoding must give one encoding per layer ({config.n_layers}), "
+                             f"got {len(encoding)}")
         self.causal = causal
         self.embed = nn.Embedding(config.vocab_size, config.d_model)
         self.encoding = encoding
@@ -188,8 +269,9 @@ class TinyTransformer(nn.Module):
         if self.encoding.kind == "input":  # added once, as in the original transformer
             x, layer_encoding = self.encoding.encode_input(x, positions), NoPE()
         hidden, weights = [], []
-        for block in self.blocks:
-            x, layer_weights = block(x, layer_encoding, positions, self.causal, return_weights=True)
+        for index, block in enumerate(self.blocks):
+            x, layer_weights = block(x, _layer_encoding(layer_encoding, index), positions, self.causal,
+                                     return_weights=True)
             hidden.append(x)
             weights.append(layer_weights)
         logits = self.readout(self.norm(x))
@@ -197,9 +279,14 @@ class TinyTransformer(nn.Module):
         return (logits, *extras) if extras else logits
 
 
+def _layer_encoding(encoding: PositionalEncoding, layer: int) -> PositionalEncoding:
+    """Layer ``layer``'s encoding: the layer's own for a :class:`LayerEncodings`, else ``encoding`` itself."""
+    return encoding.layer(layer) if isinstance(encoding, LayerEncodings) else encoding
+
+
 def build_model(name: str, config: ExperimentConfig, seed: int, device=None) -> TinyTransformer:
-    """A freshly initialised model with encoding ``name`` (a key of :data:`ENCODINGS` or :data:`BEYOND_ENCODINGS`),
-    seeded by ``seed``."""
+    """A freshly initialised model with encoding ``name`` (a key of :data:`ENCODINGS` or :data:`BEYOND_ENCODINGS`,
+    or a pattern added by :func:`add_layer_pattern`), seeded by ``seed``."""
     _, causal, factory = _entry(_check_name(name))
     torch.manual_seed(seed)
     return TinyTransformer(config, factory(config), causal).to(device)
@@ -231,6 +318,10 @@ def _equivalent(first: PositionalEncoding, other: PositionalEncoding) -> bool:
     names and shapes, equal buffers and equal public attributes."""
     if type(first) is not type(other):
         return False
+    if isinstance(first, LayerEncodings):
+        return len(first) == len(other) and all(_equivalent(a, b) for a, b in zip(first.encodings, other.encodings))
+    if isinstance(first, LocalWindow):
+        return (first.size, first.mode) == (other.size, other.mode) and _equivalent(first.inner, other.inner)
     shapes = [{key: value.shape for key, value in e.named_parameters()} for e in (first, other)]
     buffers, others = dict(first.named_buffers()), dict(other.named_buffers())
     if shapes[0] != shapes[1] or buffers.keys() != others.keys():
@@ -320,6 +411,9 @@ class Ensemble:
             raise ValueError("models must share one configuration to be stacked")
         self.params = {key: torch.stack([each[key].detach() for each in named]).requires_grad_() for key in keys}
         # the encodings' own parameters (the learned table), stacked per group
+        if any(isinstance(encoding, LayerEncodings) and any(True for _ in encoding.parameters())
+               for _, _, encoding, _ in self.groups):
+            raise NotImplementedError("per-layer encodings with trainable parameters are not stacked")
         self.encoding_params = [{key: torch.stack([dict(m.encoding.named_parameters())[key].detach()
                                                    for m in models[start:stop]]).requires_grad_()
                                  for key, _ in encoding.named_parameters()}
@@ -382,6 +476,22 @@ class Ensemble:
             self._tables[length] = (torch.cat(inputs)[:, None] if has_input else None, torch.cat(additive)[:, None])
         return self._tables[length]
 
+    def _window_bias(self, layer: int, length: int):
+        """The extra ``-inf`` bias ``(M, 1, H, L, L)`` of the local windows (:class:`LocalWindow`, "qk" encodings
+        with a logit bias) at ``layer``, or None when no model has one there (computed once per layer and length)."""
+        key = ("window", layer, length)
+        if key not in self._tables:
+            positions = torch.arange(length, device=self.device)
+            parts, found = [], False
+            for start, stop, encoding, _ in self.groups:
+                encoding = _layer_encoding(encoding, layer)
+                bias = encoding.logit_bias(positions, positions) if encoding.kind == "qk" else None
+                found = found or bias is not None
+                bias = torch.zeros(length, length, device=self.device) if bias is None else bias.to(self.device)
+                parts.append(bias.expand(stop - start, self.n_heads, length, length))
+            self._tables[key] = torch.cat(parts)[:, None] if found else None
+        return self._tables[key]
+
     def _flat_mask(self, length: int, batch: int) -> torch.Tensor:
         """The logit bias plus causal mask expanded to ``(M B, H, L, L)`` for the fused attention (kept for the
         last ``(length, batch)`` asked)."""
@@ -430,6 +540,7 @@ class Ensemble:
             if has_qk:
                 q_parts, k_parts = list(q.split(sizes)), list(k.split(sizes))
                 for g, (start, stop, encoding, _) in enumerate(self.groups):
+                    encoding = _layer_encoding(encoding, layer)
                     if encoding.kind == "qk" and self.encoding_params[g]:
                         q_parts[g], k_parts[g] = self._per_model(g, "encode_qk", q_parts[g], k_parts[g],
                                                                  positions=positions)
@@ -438,6 +549,8 @@ class Ensemble:
                                                   encoding.encode_qk(q_parts[g].flatten(0, 1),
                                                                      k_parts[g].flatten(0, 1), positions, positions))
                 q, k = torch.cat(q_parts), torch.cat(k_parts)
+            window = self._window_bias(layer, length)
+            bias = additive if window is None else additive + window
             if has_content:  # logits from the content, per model (vmap), then the same softmax for every group
                 scores = list((q @ k.transpose(-1, -2) / math.sqrt(head_dim)).split(sizes))
                 hidden_states = h.view(n_models, batch, length, width).split(sizes)
@@ -446,17 +559,20 @@ class Ensemble:
                     if encoding.kind == "content":
                         scores[g] = self._per_model(g, "content_logits", q_parts[g], k_parts[g], hidden_states[g],
                                                     positions=causal_allowed if causal else None)
-                attention = torch.softmax(torch.cat(scores) + additive, dim=-1)
+                attention = torch.softmax(torch.cat(scores) + bias, dim=-1)
                 if return_weights:
                     weights.append(attention)
                 mixed = attention @ v
             elif return_weights:
-                attention = torch.softmax(q @ k.transpose(-1, -2) / math.sqrt(head_dim) + additive, dim=-1)
+                attention = torch.softmax(q @ k.transpose(-1, -2) / math.sqrt(head_dim) + bias, dim=-1)
                 weights.append(attention)
                 mixed = attention @ v
             else:  # the same attention, fused (its scores are never stored whole): about half the time
                 flat = (t.reshape(n_models * batch, heads, length, head_dim) for t in (q, k, v))
-                mixed = nn.functional.scaled_dot_product_attention(*flat, attn_mask=self._flat_mask(length, batch))
+                mask = self._flat_mask(length, batch)
+                if window is not None:  # this layer's windows on top (a fresh tensor: one per local layer)
+                    mask = mask + window.expand(-1, batch, -1, -1, -1).reshape_as(mask)
+                mixed = nn.functional.scaled_dot_product_attention(*flat, attn_mask=mask)
             mixed = mixed.reshape(n_models, batch, heads, length, head_dim).transpose(2, 3).reshape(
                 n_models, batch * length, width)
             x = x + torch.bmm(mixed, p[prefix + "o.weight"].transpose(1, 2)).view_as(x)
@@ -691,9 +807,8 @@ def position_probe_r2(hidden: torch.Tensor) -> float:
     return (1 - (error**2).sum() / ((position[~train] - position[~train].mean()) ** 2).sum()).item()
 
 
-__all__ = ["ExperimentConfig", "threads", "ENCODINGS", "BEYOND_ENCODINGS", "JORDAN_DAMPING", "jordan_frequencies",
-           "jordan_rotation_generator",
-           "with_rope", "fine_tune", "accuracies", "encoding_label", "Block", "TinyTransformer", "build_model", "Run",
-           "Ensemble", "train", "evaluation_data", "evaluate", "EVAL_CHUNK_SCORES", "evaluate_ensemble",
-           "run_plan", "run_encoding", "run_experiments", "accuracy_spread",
-           "mean_position_accuracy", "results_table", "position_probe_r2"]
+__all__ = ["ExperimentConfig", "threads", "ENCODINGS", "BEYOND_ENCODINGS", "add_encoding", "add_layer_pattern",
+           "JORDAN_DAMPING", "jordan_frequencies", "jordan_rotation_generator", "with_rope", "fine_tune", "accuracies",
+           "encoding_label", "Block", "TinyTransformer", "build_model", "Run", "Ensemble", "train",
+           "evaluation_data", "evaluate", "EVAL_CHUNK_SCORES", "evaluate_ensemble", "run_plan", "run_encoding",
+           "run_experiments", "accuracy_spread", "mean_position_accuracy", "results_table", "position_probe_r2"]
