@@ -36,7 +36,7 @@ from torch import nn
 from ._checks import as_coordinates, check_head_dim, require_int, require_tensor
 from .generators import rope_generators
 from .group_encodings import MultiGroupEncoding, commutator, multi_parameter_group
-from .nd_rope import DEFAULT_BASE, NDRoPE
+from .nd_rope import DEFAULT_BASE, NDRoPE, indexed_coordinates
 
 COMROPE_VARIANTS = ("ap", "ld")
 
@@ -114,13 +114,7 @@ class _LearnedGenerators(MultiGroupEncoding):
     def coordinates_of(self, positions) -> torch.Tensor:
         """Coordinates ``(*B, L, n)`` of ``positions``."""
         if self.coordinates is not None:
-            positions = torch.as_tensor(positions, device=self.coordinates.device)
-            if positions.is_floating_point() or positions.ndim not in (1, 2):
-                raise ValueError(f"positions must be integer indices (L,) or (B, L) into coordinates, got "
-                                 f"dtype {positions.dtype} and shape {tuple(positions.shape)}")
-            if positions.numel() and (int(positions.min()) < 0 or int(positions.max()) >= len(self.coordinates)):
-                raise ValueError(f"positions must index coordinates, i.e. lie in [0, {len(self.coordinates)})")
-            return self.coordinates[positions]
+            return indexed_coordinates(self.coordinates, positions)
         positions = torch.as_tensor(positions)
         if self.n_axes == 1 and positions.ndim in (1, 2) and positions.shape[-1] != 1:
             positions = positions[..., None]

@@ -206,6 +206,18 @@ def sincos_2d_encoding(positions, dim: int, base: float = 10_000.0, dtype: torch
     return torch.cat([first.sin(), first.cos(), second.sin(), second.cos()], dim=1).to(dtype)
 
 
+def indexed_coordinates(coordinates: torch.Tensor, positions) -> torch.Tensor:
+    """``coordinates[positions]``: rows ``(*B, L, n)`` of a coordinates table ``(N, n)`` picked by integer indices
+    ``(L,)`` or ``(B, L)`` (ValueError for other shapes, float indices or indices outside ``[0, N)``)."""
+    positions = torch.as_tensor(positions, device=coordinates.device)
+    if positions.is_floating_point() or positions.ndim not in (1, 2):
+        raise ValueError(f"positions must be integer indices (L,) or (B, L) into coordinates, got "
+                         f"dtype {positions.dtype} and shape {tuple(positions.shape)}")
+    if positions.numel() and (int(positions.min()) < 0 or int(positions.max()) >= len(coordinates)):
+        raise ValueError(f"positions must index coordinates, i.e. lie in [0, {len(coordinates)})")
+    return coordinates[positions]
+
+
 class NDRoPE(PositionalEncoding):
     """N-D RoPE as a plug-in "qk" encoding for :func:`posenc.attention` (axial or mixed).
 
@@ -260,13 +272,7 @@ class NDRoPE(PositionalEncoding):
         """Coordinates ``(*B, L, n_axes)`` of ``positions`` (indices into :attr:`coordinates` when it is set)."""
         if self.coordinates is None:
             return as_coordinates("positions", positions, self.frequencies.shape[-1], self.frequencies.device)
-        positions = torch.as_tensor(positions, device=self.coordinates.device)
-        if positions.is_floating_point() or positions.ndim not in (1, 2):
-            raise ValueError(f"positions must be integer indices (L,) or (B, L) into coordinates, got "
-                             f"dtype {positions.dtype} and shape {tuple(positions.shape)}")
-        if positions.numel() and (int(positions.min()) < 0 or int(positions.max()) >= len(self.coordinates)):
-            raise ValueError(f"positions must index coordinates, i.e. lie in [0, {len(self.coordinates)})")
-        return self.coordinates[positions]
+        return indexed_coordinates(self.coordinates, positions)
 
     def rotate(self, x: torch.Tensor, positions) -> torch.Tensor:
         """``x`` ``(..., L, D)`` rotated at ``positions`` (see the class docstring)."""
@@ -317,4 +323,4 @@ def fit_score_map(variant: str, target: torch.Tensor, offsets: torch.Tensor, hea
 
 
 __all__ = ["VARIANTS", "grid_positions", "directed_frequencies", "axial_frequencies", "mixed_frequencies",
-           "nd_rope_angles", "nd_rope_cos_sin", "rotate_nd", "mrope_frequencies", "mrope_positions", "sincos_2d_encoding", "fit_score_map", "NDRoPE"]
+           "nd_rope_angles", "nd_rope_cos_sin", "rotate_nd", "mrope_frequencies", "mrope_positions", "sincos_2d_encoding", "fit_score_map", "indexed_coordinates", "NDRoPE"]
