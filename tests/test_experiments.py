@@ -363,6 +363,7 @@ def _pattern_names():
     yield added
     for name in added:
         ENCODINGS.pop(name, None)
+        experiments.LAYER_PATTERNS.pop(name, None)
         experiments._PATTERNS.pop(name, None)
         experiments._ADDED.discard(name)
 
@@ -388,7 +389,9 @@ def test_add_layer_pattern_registers_a_per_layer_model(_pattern_names):
         add_layer_pattern("bad-str-test", "rope")
     with pytest.raises(ValueError, match="one encoding per layer"):
         TinyTransformer(DEEP, LayerEncodings([posenc.NoPE()] * 3), causal=True)
-    assert not {"bad-input-test", "bad-causal-test", "bad-name-test", "bad-str-test"} & set(ENCODINGS)
+    assert not {"bad-input-test", "bad-causal-test", "bad-name-test", "bad-str-test"} & (set(ENCODINGS)
+                                                                                         | set(experiments.LAYER_PATTERNS))
+    assert name not in ENCODINGS and "hybrid" not in ENCODINGS   # chapter 11's plan over ENCODINGS is untouched
 
 
 def test_add_encoding_then_a_pattern_with_it_trains(_pattern_names):

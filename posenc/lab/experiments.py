@@ -120,6 +120,9 @@ ENCODINGS = {
 }
 
 _PATTERNS: dict = {}  # name -> the per-layer encoding names it repeats (add_layer_pattern)
+# models whose layers differ, by name -> (label, causal, factory), as in ENCODINGS; kept apart so that chapter 11's
+# plan over ENCODINGS stays as it is (every function here takes a name from any of the tables)
+LAYER_PATTERNS: dict = {}
 _ADDED: set = set()  # names registered by add_encoding (a re-run notebook may define them again)
 
 
@@ -138,8 +141,8 @@ def add_encoding(name: str, label: str, factory, causal: bool = True) -> str:
         raise TypeError(f"factory must be a callable config -> PositionalEncoding, got {type(factory).__name__}")
     if not isinstance(causal, bool):
         raise TypeError(f"causal must be a bool, got {type(causal).__name__}")
-    if name in ENCODINGS and name not in _ADDED:
-        raise ValueError(f"encoding name {name!r} is taken (by {ENCODINGS[name][0]!r}); pick another name")
+    if (name in ENCODINGS and name not in _ADDED) or name in LAYER_PATTERNS or name in BEYOND_ENCODINGS:
+        raise ValueError(f"encoding name {name!r} is taken (by {_entry(name)[0]!r}); pick another name")
     encoding = factory(ExperimentConfig())
     if not isinstance(encoding, PositionalEncoding):
         raise TypeError(f"factory must return a posenc PositionalEncoding, got {type(encoding).__name__}")
@@ -149,9 +152,9 @@ def add_encoding(name: str, label: str, factory, causal: bool = True) -> str:
 
 
 def add_layer_pattern(name: str, layers, label: str | None = None) -> str:
-    """Register a model whose layers have different encodings as the encoding name ``name`` of :data:`ENCODINGS`
-    (so :func:`build_model`, :func:`train`, :func:`run_plan` and the tables take it like any other); returns
-    ``name``.
+    """Register a model whose layers have different encodings as the encoding name ``name`` in
+    :data:`LAYER_PATTERNS` (so :func:`build_model`, :func:`train`, :func:`run_plan` and the tables take it like any
+    other, while chapter 11's plan over :data:`ENCODINGS` stays as it is); returns ``name``.
 
     ``layers``: names of :data:`ENCODINGS` (built in, or added by :func:`add_encoding`), repeated over the model's
     depth: layer ``i`` gets ``layers[i % len(layers)]`` (``("rope", "rope", "rope", "nope-causal")`` is the 3:1
@@ -167,10 +170,10 @@ def add_layer_pattern(name: str, layers, label: str | None = None) -> str:
     layers = tuple(_check_name(each) for each in layers)
     if not layers:
         raise ValueError("layers must name at least one encoding")
-    if name in ENCODINGS:
-        if _PATTERNS.get(name) == layers and (label is None or ENCODINGS[name][0] == label):
+    if name in ENCODINGS or name in LAYER_PATTERNS or name in BEYOND_ENCODINGS:
+        if _PATTERNS.get(name) == layers and (label is None or LAYER_PATTERNS[name][0] == label):
             return name  # names resolve when a model is built: a re-added member encoding takes effect
-        raise ValueError(f"encoding name {name!r} is taken (by {ENCODINGS[name][0]!r}); pick another name")
+        raise ValueError(f"encoding name {name!r} is taken (by {_entry(name)[0]!r}); pick another name")
     probe = ExperimentConfig()
     for each in layers:
         encoding = ENCODINGS[each][2](probe)
@@ -183,8 +186,8 @@ def add_layer_pattern(name: str, layers, label: str | None = None) -> str:
     if label is None:
         label = "layers " + ", ".join(ENCODINGS[each][0] for each in layers) + (" (repeated)" if len(layers) > 1
                                                                                   else "")
-    ENCODINGS[name] = (label, causal.pop(),
-                       lambda c: LayerEncodings(ENCODINGS[layers[i % len(layers)]][2](c) for i in range(c.n_layers)))
+    LAYER_PATTERNS[name] = (label, causal.pop(), lambda c: LayerEncodings(ENCODINGS[layers[i % len(layers)]][2](c)
+                                                                          for i in range(c.n_layers)))
     _PATTERNS[name] = layers
     return name
 
@@ -201,7 +204,10 @@ BEYOND_ENCODINGS = {
 
 
 def _entry(name: str):
-    return ENCODINGS[name] if name in ENCODINGS else BEYOND_ENCODINGS[name]
+    for table in (ENCODINGS, LAYER_PATTERNS, BEYOND_ENCODINGS):
+        if name in table:
+            return table[name]
+    raise KeyError(name)
 
 
 def encoding_label(name: str) -> str:
@@ -209,8 +215,9 @@ def encoding_label(name: str) -> str:
 
 
 def _check_name(name: str) -> str:
-    if name not in ENCODINGS and name not in BEYOND_ENCODINGS:
-        raise ValueError(f"encoding must be one of {list(ENCODINGS) + list(BEYOND_ENCODINGS)}, got {name!r}")
+    if name not in ENCODINGS and name not in LAYER_PATTERNS and name not in BEYOND_ENCODINGS:
+        raise ValueError(f"encoding must be one of {list(ENCODINGS) + list(LAYER_PATTERNS) + list(BEYOND_ENCODINGS)}, "
+                         f"got {name!r}")
     return name
 
 
@@ -807,7 +814,7 @@ def position_probe_r2(hidden: torch.Tensor) -> float:
     return (1 - (error**2).sum() / ((position[~train] - position[~train].mean()) ** 2).sum()).item()
 
 
-__all__ = ["ExperimentConfig", "threads", "ENCODINGS", "BEYOND_ENCODINGS", "add_encoding", "add_layer_pattern",
+__all__ = ["ExperimentConfig", "threads", "ENCODINGS", "LAYER_PATTERNS", "BEYOND_ENCODINGS", "add_encoding", "add_layer_pattern",
            "JORDAN_DAMPING", "jordan_frequencies", "jordan_rotation_generator", "with_rope", "fine_tune", "accuracies",
            "encoding_label", "Block", "TinyTransformer", "build_model", "Run", "Ensemble", "train",
            "evaluation_data", "evaluate", "EVAL_CHUNK_SCORES", "evaluate_ensemble", "run_plan", "run_encoding",
