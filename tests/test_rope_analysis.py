@@ -128,3 +128,38 @@ def test_bad_input_names_the_argument():
         rope_analysis.pair_logit_contributions(torch.randn(8), torch.randn(8), [0], torch.ones(3))
     with pytest.raises(TypeError, match="distances"):
         rope_analysis.relative_upper_bound(torch.ones(2, dtype=torch.bool), torch.ones(2))
+
+
+# Abramowitz & Stegun, table 5.1 and the series at small x (Ci(x) = gamma + ln x - x^2/4 + x^4/96 - ...)
+CI_TABLE = {0.5: -0.177784078806612, 1.0: 0.337403922900968, 2.0: 0.422980828774865, 5.0: -0.190029749656644,
+            10.0: -0.045456433004455}
+
+
+def test_cosine_integral_matches_tabulated_values_and_its_series():
+    x = torch.tensor(list(CI_TABLE), dtype=torch.float64)
+    assert torch.allclose(rope_analysis.cosine_integral(x), torch.tensor(list(CI_TABLE.values()), dtype=torch.float64),
+                          rtol=0, atol=1e-10)
+    for value, expected in CI_TABLE.items():  # a Python number gives the same float64 result
+        assert abs(rope_analysis.cosine_integral(value).item() - expected) < 1e-10
+    small = 1e-3
+    series = 0.5772156649015329 + math.log(small) - small**2 / 4 + small**4 / 96
+    assert abs(rope_analysis.cosine_integral(small).item() - series) < 1e-12
+    zero = 0.6165054856207162  # the first zero of Ci
+    assert abs(rope_analysis.cosine_integral(zero).item()) < 1e-10
+
+
+def test_cosine_integral_matches_scipy_over_six_decades():
+    special = pytest.importorskip("scipy.special")
+    x = torch.logspace(-3, 3, 301, dtype=torch.float64)
+    expected = torch.from_numpy(special.sici(x.numpy())[1])
+    assert (rope_analysis.cosine_integral(x) - expected).abs().max() < 1e-10
+    assert rope_analysis.cosine_integral(x.reshape(7, 43)).shape == (7, 43)
+
+
+def test_cosine_integral_bad_input():
+    for bad in (0.0, -1.0, torch.tensor([1.0, 0.0])):
+        with pytest.raises(ValueError, match="x must be positive"):
+            rope_analysis.cosine_integral(bad)
+    for bad in (True, "1", [1.0]):
+        with pytest.raises(TypeError, match="x must be"):
+            rope_analysis.cosine_integral(bad)
