@@ -114,24 +114,44 @@ def cosine_integral(x) -> torch.Tensor:
     """The cosine integral ``Ci(x) = gamma + ln x + int_0^x (cos t - 1) / t dt`` for ``x > 0``, elementwise.
 
     Chapter 4's smooth part of the sinusoidal kernel, ``K(Delta) / K(0) ~ -Ci(omega_min Delta) / ln b``, and
-    chapter 6's RoPE lobe use it. ``x``: a number or a tensor of any shape; returns float64 of the same shape.
-    The integral is Simpson's rule on ``t = x u``, ``u`` in ``[0, 1]``, with at least 2,048 nodes and 64 per radian
-    of the largest ``x``; against ``scipy.special.sici`` on ``1e-3 .. 1e3`` the error stays below 1e-10.
+    chapter 6's RoPE lobe use it. ``x``: a number or a tensor of any shape; returns float64 of the same shape, in
+    memory proportional to ``x``'s. Up to 4 the power series ``gamma + ln x + sum_k (-x^2)^k / (2k (2k)!)`` (its
+    largest term is below 3, so little is cancelled); beyond, ``Ci(x) = -Re E1(i x)`` with ``E1``'s continued
+    fraction (Numerical Recipes' ``cisi``). Against ``scipy.special.sici`` the error stays below 1e-13 on
+    ``1e-3 .. 1e6``.
     """
     if isinstance(x, bool) or not isinstance(x, (int, float, torch.Tensor)):
         raise TypeError(f"x must be a positive number or a tensor of them, got {type(x).__name__}")
     x = as_float64("x", x if isinstance(x, torch.Tensor) else torch.tensor(float(x), dtype=torch.float64))
     if x.numel() and not bool((x > 0).all()):
         raise ValueError("x must be positive: Ci has a logarithmic singularity at 0 and is complex below")
-    largest = float(x.max()) if x.numel() else 1.0
-    steps = 2 * max(1024, math.ceil(32 * largest))  # even, for Simpson's rule
-    u = torch.linspace(0, 1, steps + 1, dtype=torch.float64, device=x.device)
-    t = x[..., None] * u[1:]
-    integrand = torch.cat((torch.zeros_like(t[..., :1]), (t.cos() - 1) / t), dim=-1)  # (cos t - 1) / t -> 0 at 0
-    weights = torch.ones(steps + 1, dtype=torch.float64, device=x.device)
-    weights[1:-1:2], weights[2:-1:2] = 4.0, 2.0
-    integral = (integrand * weights).sum(-1) / (3 * steps) * x  # int_0^1 (cos(x u) - 1) / (x u) x du
-    return EULER_GAMMA + x.log() + integral
+    small = x <= 4
+    result = torch.empty_like(x)
+    near = x[small]
+    square, term, total = near.square(), torch.ones_like(near), torch.zeros_like(near)
+    for k in range(1, 31):  # the 30th term is below 1e-50 at x = 4
+        term = -term * square / ((2 * k - 1) * (2 * k))  # (-x^2)^k / (2k)!
+        total = total + term / (2 * k)
+    result[small] = EULER_GAMMA + near.log() + total
+    far = x[~small]
+    b = torch.complex(torch.ones_like(far), far)  # modified Lentz's method for E1(i x), x > 4
+    c = torch.full_like(b, 1e300)
+    d = 1 / b
+    h = d.clone()  # d is updated in place below
+    active = torch.arange(far.numel(), device=x.device)  # elements whose fraction has not converged yet
+    for i in range(2, 200):
+        a = -float((i - 1) ** 2)
+        b_a = b[active] + 2
+        d_a = 1 / (a * d[active] + b_a)
+        c_a = b_a + a / c[active]
+        step = c_a * d_a
+        b[active], d[active], c[active] = b_a, d_a, c_a
+        h[active] = h[active] * step
+        active = active[(step - 1).abs() >= 1e-16]
+        if active.numel() == 0:
+            break
+    result[~small] = -(torch.complex(far.cos(), -far.sin()) * h).real
+    return result
 
 
 __all__ = ["relative_upper_bound", "pair_logit_contributions", "wrapped_angle_error", "max_offset_spread",

@@ -148,12 +148,21 @@ def test_cosine_integral_matches_tabulated_values_and_its_series():
     assert abs(rope_analysis.cosine_integral(zero).item()) < 1e-10
 
 
-def test_cosine_integral_matches_scipy_over_six_decades():
+def test_cosine_integral_matches_scipy_over_nine_decades():
     special = pytest.importorskip("scipy.special")
-    x = torch.logspace(-3, 3, 301, dtype=torch.float64)
+    x = torch.cat((torch.logspace(-3, 6, 3001, dtype=torch.float64), torch.tensor([4.0, 4.0 + 1e-12])))
     expected = torch.from_numpy(special.sici(x.numpy())[1])
-    assert (rope_analysis.cosine_integral(x) - expected).abs().max() < 1e-10
-    assert rope_analysis.cosine_integral(x.reshape(7, 43)).shape == (7, 43)
+    assert (rope_analysis.cosine_integral(x) - expected).abs().max() < 1e-13  # both sides of the switch at 4
+    assert rope_analysis.cosine_integral(x[:301].reshape(7, 43)).shape == (7, 43)
+
+
+def test_cosine_integral_of_many_large_arguments_needs_memory_like_its_input():
+    x = torch.arange(1, 300_001, dtype=torch.float64)  # chapter 6's Ci(Delta) over 4 lambda_max of a 128-dim head
+    ci = rope_analysis.cosine_integral(x)
+    # the asymptotic form sin x / x - cos x / x^2: the next terms, -2 sin x / x^3 + 6 cos x / x^4, stay within 3 / x^3
+    far = x >= 100
+    asymptotic = x.sin() / x - x.cos() / x**2
+    assert ((ci - asymptotic)[far].abs() <= 3 / x[far] ** 3).all()
 
 
 def test_cosine_integral_bad_input():
