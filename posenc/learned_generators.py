@@ -334,12 +334,15 @@ def fit_scores(encoding, query_positions: torch.Tensor, key_positions: torch.Ten
     head_dim = encoding.head_dim if isinstance(encoding, _LearnedGenerators) else 2 * encoding.weights.shape[0]
     content = nn.Parameter(torch.randn(head_dim, generator=torch.Generator().manual_seed(seed)))
     optimizer = torch.optim.Adam([*encoding.parameters(), content], lr=lr)
-    n = len(target)
+    # the maps are orthogonal and shared by queries and keys, so R(p) c is computed once per distinct position
+    # (the pairs of an N x N grid of pairs use only N positions)
+    unique, index = torch.unique(torch.cat((query_positions, key_positions)), dim=0, return_inverse=True)
+    query_index, key_index = index[:len(target)], index[len(target):]
 
     def scores():
-        vectors = content.expand(n, -1)[None, None]
-        q, k = encoding.encode_qk(vectors, vectors, query_positions, key_positions)
-        return (q * k).sum(-1)[0, 0] / content.square().sum()
+        vectors = content.expand(len(unique), -1)[None, None]
+        q, k = encoding.encode_qk(vectors, vectors, unique, unique)
+        return (q[0, 0, query_index] * k[0, 0, key_index]).sum(-1) / content.square().sum()
 
     for _ in range(steps):
         loss = (scores() - target).square().mean()

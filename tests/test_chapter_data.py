@@ -55,3 +55,54 @@ def test_learned_position_norms(minilm):
     positions = minilm.position_embeddings
     share = positions.shape[-1] * positions.mean(dim=-1) ** 2 / norms**2
     assert share.max().item() < 0.01
+
+
+# chapter 14's trained comparison (make beyond-axioms) ------------------------------------------------------------
+def _beyond_axioms_record():
+    import json
+    from importlib import resources
+
+    with resources.files("posenc.lab.data").joinpath("beyond_axioms.json").open() as f:
+        return json.load(f)
+
+
+def test_beyond_axioms_data_matches_the_code():
+    """The committed file was made with the configuration, encodings and task the tool defines today."""
+    import dataclasses
+
+    from book.tools import beyond_axioms as tool
+    from posenc.lab import experiments as ex
+    from posenc.lab import tasks
+
+    record = _beyond_axioms_record()
+    config = tool.chapter_config()
+    expected = {key: list(value) if isinstance(value, tuple) else value
+                for key, value in dataclasses.asdict(config).items()}
+    assert record["config"] == expected
+    assert record["task"] == {"name": "CopyAfterMarker", "k": tool.K, "rate": tool.RATE,
+                              "sparse_rate": tool.SPARSE_RATE}
+    assert record["names"] == tool.encoding_names()
+    assert record["labels"] == {name: ex.encoding_label(name) for name in record["names"]}
+    lengths = [str(n) for n in config.eval_lengths]
+    for part in ("accuracy", "sparse"):
+        assert list(record[part]) == record["names"]
+        for per_length in record[part].values():
+            assert list(per_length) == lengths
+            assert all(len(v) == len(config.seeds) and all(0 <= x <= 1 for x in v) for v in per_length.values())
+    assert all(len(v) == len(config.seeds) for v in record["final_loss"].values())
+    for key, rate in (("ceiling", tool.RATE), ("sparse_ceiling", tool.SPARSE_RATE)):
+        task = tasks.CopyAfterMarker(tool.K, rate)
+        for n in config.eval_lengths:
+            inputs = ex.evaluation_data(task, n, config)[0]
+            value = tasks.position_blind_accuracy(task, inputs, config.vocab_size, causal=True)
+            assert record[key][str(n)] == pytest.approx(value, abs=1e-6)
+
+
+def test_beyond_axioms_tool_runs_a_tiny_plan():
+    from book.tools import beyond_axioms as tool
+
+    config = tool.chapter_config(steps=2, seeds=(0,), eval_tokens=64, eval_batch_size=8)
+    result = tool.run(["nope-causal", "fox"], config, progress=lambda pair: None)
+    assert list(result["accuracy"]) == ["nope-causal", "fox"]
+    assert all(len(v) == 1 for part in ("accuracy", "sparse") for each in result[part].values() for v in each.values())
+    assert set(result["ceiling"]) == {str(n) for n in config.eval_lengths}

@@ -362,3 +362,12 @@ def test_the_lab_finds_the_checkout_it_runs_from(monkeypatch):
     assert lab_interactive.frames_dir() == str(root / "_build" / "frames")
     monkeypatch.delenv(language_model.CACHE_ENV, raising=False)
     assert language_model.default_cache_dir() == root / "_build" / "cache"
+
+
+def test_a_label_slider_starts_at_its_default():
+    """Slider values that are labels (not numbers) start at the default label, not at the first value."""
+    from posenc.lab.interactive import _closest_index
+
+    assert _closest_index(["NoPE", "RoPE", "PaTH"], "PaTH") == 2
+    assert _closest_index([0.0, 0.5, 1.0], 0.6) == 1  # numbers: the closest
+    assert _closest_index([1, 2, 3], 2) == 1

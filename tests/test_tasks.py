@@ -91,3 +91,46 @@ def test_bad_input():
     # the shortest sequence still has targets: markers at 0, 2, 4
     inputs, _, mask = task.sample(4, 6, VOCAB, torch.Generator().manual_seed(0))
     assert bool(mask.any(-1).all())
+
+
+def _slow_content_ceiling(task, inputs, causal):
+    """position_blind_accuracy for a content task, one position at a time: the markers left out of the multiset."""
+    sources = task.sources_of(inputs, VOCAB)
+    on_target = sources >= 0
+    share_self = (sources == torch.arange(inputs.shape[1]))[on_target].float().mean().item()
+    values = []
+    for b in range(inputs.shape[0]):
+        for i in range(inputs.shape[1]):
+            s = sources[b, i].item()
+            if s < 0:
+                continue
+            seen = inputs[b, : i + 1] if causal else inputs[b]
+            counts = torch.bincount(seen, minlength=VOCAB).float()
+            counts[MARKER] = 0
+            own = inputs[b, i].item()
+            if own != MARKER:
+                counts[own] -= 1
+            alpha = float(s == i) if causal else share_self
+            guess = (1 - alpha) * counts / max(counts.sum().item(), 1)
+            if own != MARKER:
+                guess[own] += alpha
+            values.append(guess.max().item())
+    return sum(values) / len(values)
+
+
+@pytest.mark.parametrize("causal", [True, False])
+def test_position_blind_ceiling_of_the_content_task(causal):
+    task = order_tasks.CopyAfterMarker(k=2, rate=0.25)
+    inputs, targets, mask = _sample(task, batch=16, length=12, seed=5)
+    got = order_tasks.position_blind_accuracy(task, inputs, VOCAB, causal=causal)
+    assert got == pytest.approx(_slow_content_ceiling(task, inputs, causal), abs=1e-6)
+    per_position = order_tasks.position_blind_accuracy(task, inputs, VOCAB, causal=causal, per_position=True)
+    assert per_position.shape == (12,)
+    assert torch.isnan(per_position[: task.first_target]).all()  # no sequence has a target there
+    # the rule it bounds: guess the most frequent non-marker token of the prefix, excluding the own token
+    if causal:
+        counts = torch.nn.functional.one_hot(inputs, VOCAB).cumsum(1).float()
+        counts[..., MARKER] = -1
+        counts -= torch.nn.functional.one_hot(inputs, VOCAB).float()
+        rule = ((counts.argmax(-1) == targets) & mask).sum().item() / mask.sum().item()
+        assert rule <= got + 1e-6

@@ -528,6 +528,11 @@ def _as_float(value) -> float:
 
 
 def _closest_index(values, target) -> int:
+    """The index of ``target`` in ``values`` if it is there, else of the numerically closest value (a label that is
+    not a number, such as an encoding's name, is found only by equality)."""
+    for index, value in enumerate(values):
+        if isinstance(value, type(target)) and value == target:
+            return index
     return min(range(len(values)), key=lambda i: abs(_as_float(values[i]) - _as_float(target)))
 
 

@@ -175,24 +175,40 @@ def position_blind_accuracy(task: CopyTask, inputs: torch.Tensor, vocab_size: in
     position is unknown, so ``alpha`` is the fraction of targets whose source is themselves; in the causal case
     it is 0 or 1 per position. Returns the mean over the targets of ``inputs`` ``(B, L)``, or with
     ``per_position`` a ``(L,)`` tensor (NaN where there is no target).
+
+    For a content task (:class:`CopyAfterMarker`, ``task.order == "content"``) the sources come from the tokens
+    (:meth:`CopyAfterMarker.sources_of`) and the source token is never a marker: the non-marker tokens are i.i.d.
+    and independent of where the markers are, so the same formula holds with the markers left out of ``S`` (and
+    ``n`` counting the other non-marker tokens). The causal ``alpha`` is still the true 0 or 1 of each position, an
+    oracle the predictor does not have, so here the value is an upper bound (a ceiling), not an exact optimum.
     """
     length = inputs.shape[-1]
     positions = torch.arange(length, device=inputs.device)
-    source = task.sources(length, device=inputs.device)
-    on_target = source >= 0
-    own = torch.nn.functional.one_hot(inputs, vocab_size).float()  # (B, L, V)
-    if causal:
-        seen = own.cumsum(dim=1)
-        alpha = (source == positions).float()[:, None]  # (L, 1)
-        others = positions.clamp(min=1).float()[:, None]
+    content = getattr(task, "order", None) == "content"
+    if content:
+        source = task.sources_of(inputs, vocab_size)  # (B, L)
     else:
-        seen = own.sum(dim=1, keepdim=True)
-        alpha = (source[on_target] == positions[on_target]).float().mean()
-        others = torch.tensor(float(length - 1), device=inputs.device)
-    best = (alpha * own + (1 - alpha) * (seen - own) / others).amax(dim=-1)  # (B, L)
+        source = task.sources(length, device=inputs.device).expand(inputs.shape[0], length)
+    on_target = source >= 0  # (B, L)
+    own = torch.nn.functional.one_hot(inputs, vocab_size).float()  # (B, L, V)
+    counted = own
+    if content:  # the markers never are a source: leave them out of the multiset
+        counted = own.clone()
+        counted[..., task.marker(vocab_size)] = 0
+    if causal:
+        seen = counted.cumsum(dim=1)
+        alpha = (source == positions).float()[..., None]  # (B, L, 1)
+        others = (seen.sum(-1, keepdim=True) - counted.sum(-1, keepdim=True)).clamp(min=1)
+    else:
+        seen = counted.sum(dim=1, keepdim=True)
+        alpha = (source[on_target] == positions.expand_as(source)[on_target]).float().mean()
+        others = (seen.sum(-1, keepdim=True) - counted.sum(-1, keepdim=True)).clamp(min=1)
+    best = (alpha * own + (1 - alpha) * (seen - counted) / others).amax(dim=-1)  # (B, L)
     if per_position:
-        return best.mean(0).masked_fill(~on_target, float("nan"))
-    return best[:, on_target].mean().item()
+        count = on_target.sum(0)
+        mean = (best * on_target).sum(0) / count.clamp(min=1)
+        return mean.masked_fill(count == 0, float("nan"))
+    return best[on_target].mean().item()
 
 
 __all__ = ["IGNORE_INDEX", "CopyTask", "CopyBack", "FetchPosition", "CopyAfterMarker", "position_blind_accuracy"]

@@ -1,0 +1,114 @@
+"""Chapter 14's trained comparison: every encoding of chapter 11 and the three data-dependent ones on a counting task.
+
+The task is :class:`posenc.lab.tasks.CopyAfterMarker` (copy the token after the ``k``-th marker). Every encoding of
+:data:`posenc.lab.experiments.ENCODINGS` (chapter 11's) and of :data:`~posenc.lab.experiments.BEYOND_ENCODINGS`
+(CoPE, FoX, PaTH) is trained with chapter 11's budget and seeds (:class:`~posenc.lab.experiments.ExperimentConfig`
+defaults, evaluated at 1, 2 and 4 times the training length), all side by side in one ensemble, then evaluated
+
+* on the training distribution (marker rate ``--rate``) at every evaluation length, and
+* on sparser markers (``--sparse-rate``): the ``k``-th marker then sits further from the start, often beyond the
+  training length, at positions no training sequence had it.
+
+It also records the position-blind ceiling (:func:`posenc.lab.tasks.position_blind_accuracy`, causal) on each
+evaluation batch. The result is a JSON file with the configuration, the per-seed accuracies and the final losses;
+chapter 14 reads it and retrains one seed of a few encodings live as a spot check.
+
+Usage (what ``make beyond-axioms`` runs)::
+
+    nice -n 10 python -m book.tools.beyond_axioms --output posenc/lab/data/beyond_axioms.json
+"""
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import json
+import os
+import platform
+import time
+from pathlib import Path
+
+import torch
+
+ROOT = Path(__file__).resolve().parents[2]
+K, RATE, SPARSE_RATE = 2, 0.25, 0.1
+LENGTH_FACTORS = (1, 2, 4)
+
+
+def chapter_config(**changes):
+    """Chapter 11's configuration, evaluated at 1, 2 and 4 times the training length (and ``changes``)."""
+    from posenc.lab import experiments as ex
+
+    return dataclasses.replace(ex.ExperimentConfig(), length_factors=LENGTH_FACTORS, **changes)
+
+
+def encoding_names() -> list:
+    """Chapter 11's encodings, then CoPE, FoX and PaTH."""
+    from posenc.lab import experiments as ex
+
+    return list(ex.ENCODINGS) + list(ex.BEYOND_ENCODINGS)
+
+
+def run(names, config, k: int = K, rate: float = RATE, sparse_rate: float = SPARSE_RATE, progress=print) -> dict:
+    """Train ``names`` with every seed of ``config`` on ``CopyAfterMarker(k, rate)`` and evaluate: a JSON-ready dict
+    ``{"accuracy": {name: {length: [per seed]}}, "sparse": {...}, "final_loss": {name: [per seed]},
+    "ceiling": {length: ...}, "sparse_ceiling": {length: ...}}``."""
+    from posenc.lab import experiments as ex
+    from posenc.lab import tasks
+
+    task, sparse = tasks.CopyAfterMarker(k, rate), tasks.CopyAfterMarker(k, sparse_rate)
+    start = time.perf_counter()
+    with ex.threads(1):
+        runs = ex.run_plan([(task, name) for name in names], config, progress=progress)
+        models = [r.model for r in runs]
+        ensemble = ex.Ensemble.from_models(models, config)
+        sparse_accuracy = {n: ex.evaluate_ensemble(ensemble, sparse, n, config)[0] for n in config.eval_lengths}
+    seeds = len(config.seeds)
+    result = {"accuracy": {}, "sparse": {}, "final_loss": {}}
+    for g, name in enumerate(names):
+        group = runs[g * seeds:(g + 1) * seeds]
+        result["accuracy"][name] = {str(n): [r.accuracy[n] for r in group] for n in config.eval_lengths}
+        result["sparse"][name] = {str(n): sparse_accuracy[n][g * seeds:(g + 1) * seeds].tolist()
+                                  for n in config.eval_lengths}
+        result["final_loss"][name] = [r.losses[-1] for r in group]
+    for key, each in (("ceiling", task), ("sparse_ceiling", sparse)):
+        result[key] = {str(n): tasks.position_blind_accuracy(each, ex.evaluation_data(each, n, config)[0],
+                                                             config.vocab_size, causal=True)
+                       for n in config.eval_lengths}
+    result["seconds"] = time.perf_counter() - start
+    return result
+
+
+def main(argv=None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--output", default=str(ROOT / "posenc" / "lab" / "data" / "beyond_axioms.json"))
+    parser.add_argument("--names", default=None, help="comma-separated encoding names (default: all)")
+    parser.add_argument("--seeds", default=None, help="comma-separated seeds (default: chapter 11's five)")
+    args = parser.parse_args(argv)
+    names = args.names.split(",") if args.names else encoding_names()
+    config = chapter_config() if args.seeds is None else chapter_config(
+        seeds=tuple(int(s) for s in args.seeds.split(",")))
+
+    from posenc.lab import experiments as ex
+
+    def progress(pair):
+        print(f"{ex.encoding_label(pair[0].encoding):42s} final loss per seed "
+              + " ".join(f"{r.losses[-1]:.3f}" for r in pair), flush=True)
+
+    result = run(names, config, progress=progress)
+    record = {
+        "task": {"name": "CopyAfterMarker", "k": K, "rate": RATE, "sparse_rate": SPARSE_RATE},
+        "config": {key: list(value) if isinstance(value, tuple) else value
+                   for key, value in dataclasses.asdict(config).items()},
+        "names": names,
+        "labels": {name: ex.encoding_label(name) for name in names},
+        **result,
+        "machine": {"platform": platform.platform(), "cores": os.cpu_count()},
+        "versions": {"python": platform.python_version(), "torch": torch.__version__},
+    }
+    Path(args.output).write_text(json.dumps(record, indent=1) + "\n")
+    print(f"wrote {args.output} ({result['seconds']:.0f} s)")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
