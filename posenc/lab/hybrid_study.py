@@ -42,7 +42,7 @@ def register() -> None:
     ex.add_encoding("rope-window", f"RoPE, sliding window {WINDOW}",
                     lambda c: LocalWindow(RotaryEmbedding(c.head_dim), WINDOW))
     ex.add_layer_pattern("rnope-swa", ("rope-window", "rope-window", "rope-window", "nope-causal"),
-                         f"RNoPE-SWA: RoPE in a window of {WINDOW}, NoPE every 4th layer")
+                         f"RNoPE-SWA (RoPE window {WINDOW}, NoPE every 4th)")
 
 
 def train_study(seeds=None, names=NAMES, tasks=None, threads: int = 1, device=None) -> tuple:
