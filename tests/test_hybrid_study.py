@@ -10,6 +10,17 @@ from posenc.lab import hybrid_study as hs
 from posenc.layer_patterns import LocalWindow
 
 
+@pytest.fixture(autouse=True, scope="module")
+def _unregister():
+    # register() adds two names to the harness's tables; leave them as other test modules expect them
+    yield
+    for name in ("rope-window", "rnope-swa"):
+        ex.ENCODINGS.pop(name, None)
+        ex.LAYER_PATTERNS.pop(name, None)
+        ex._PATTERNS.pop(name, None)
+        ex._ADDED.discard(name)
+
+
 def test_study_is_chapter_11s_config_with_four_layers():
     config = hs.study_config()
     assert config.n_layers == 4
