@@ -92,3 +92,16 @@ def test_load_results_fails_clearly(tmp_path):
     broken.write_text(json.dumps(dict(record, runs=record["runs"] + record["runs"][:1])))
     with pytest.raises(ValueError, match="repeats"):
         hs.load_results(broken)
+
+
+def test_the_make_target_writes_what_load_results_reads(tmp_path, monkeypatch):
+    # book/tools/todays_models.py (make todays-models), with the training replaced by the committed runs
+    tools = pytest.importorskip("book.tools.todays_models")
+    _, runs = hs.load_results()
+    monkeypatch.setattr(hs, "train_study", lambda threads=1: (hs.study_config(), runs))
+    output = tmp_path / "study.json"
+    assert tools.main(["--output", str(output)]) == 0
+    record, again = hs.load_results(output)
+    assert [(r.task, r.encoding, r.seed, r.accuracy) for r in again] == [(r.task, r.encoding, r.seed, r.accuracy)
+                                                                         for r in runs]
+    assert "todays_models" in record["command"] and record["machine"]["threads"] == 1
