@@ -59,7 +59,7 @@ def test_learned_position_norms(minilm):
 
 def test_chapter_13_study_file_matches_the_code():
     # posenc/lab/data/todays_models.json (make todays-models), which chapter 13 reads: chapter 11's config with four
-    # layers, the study's five models, both tasks, five seeds, an accuracy at every evaluation length
+    # layers, the study's five models, its three tasks, five seeds, an accuracy at every evaluation length
     from dataclasses import asdict
 
     from posenc.lab import hybrid_study
@@ -68,5 +68,5 @@ def test_chapter_13_study_file_matches_the_code():
     config = hybrid_study.study_config()
     assert record["config"] == {k: list(v) if isinstance(v, tuple) else v for k, v in asdict(config).items()}
     assert record["config"]["n_layers"] == 4 and record["window"] == hybrid_study.WINDOW
-    assert len(runs) == 2 * len(hybrid_study.NAMES) * len(config.seeds)
+    assert len(runs) == 3 * len(hybrid_study.NAMES) * len(config.seeds)
     assert {run.encoding for run in runs} == set(hybrid_study.NAMES)

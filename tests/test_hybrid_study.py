@@ -25,7 +25,8 @@ def test_study_is_chapter_11s_config_with_four_layers():
     config = hs.study_config()
     assert config.n_layers == 4
     assert config == ex.ExperimentConfig(n_layers=4)  # nothing else differs from chapter 11
-    assert [task.name for task in hs.study_tasks()] == ["copy 2 back", "fetch position 1"]
+    assert [task.name for task in hs.study_tasks()] == ["copy 2 back", "fetch position 1",
+                                                     "copy after marker 1"]
 
 
 def test_register_builds_the_windowed_layers_and_is_idempotent():
@@ -65,10 +66,21 @@ def test_window_hides_keys_beyond_it_and_the_ensemble_computes_the_same_model():
 def test_committed_result_matches_the_code():
     record, runs = hs.load_results()
     config = hs.study_config()
-    assert len(runs) == len(hs.study_tasks()) * len(hs.NAMES) * len(config.seeds) == 50
+    assert len(runs) == len(hs.study_tasks()) * len(hs.NAMES) * len(config.seeds) == 75
     assert record["window"] == hs.WINDOW and record["names"] == list(hs.NAMES)
     assert all(set(run.accuracy) == set(config.eval_lengths) for run in runs)
     assert "todays_models" in record.get("command", "book.tools.todays_models")
+
+
+def test_same_platform_compares_cpu_threads_and_torch():
+    record = {"machine": hs.machine(1), "versions": {"torch": torch.__version__}}
+    assert hs.same_platform(record)
+    assert not hs.same_platform(record, threads=2)
+    assert not hs.same_platform(dict(record, machine=dict(record["machine"], cpu="another CPU")))
+    assert not hs.same_platform(dict(record, versions={"torch": "0.0"}))
+    assert not hs.same_platform({})
+    with pytest.raises(TypeError, match="record"):
+        hs.same_platform([])
 
 
 def test_load_results_fails_clearly(tmp_path):

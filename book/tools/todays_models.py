@@ -1,6 +1,6 @@
 """Chapter 13's trained comparison (:mod:`posenc.lab.hybrid_study`): five four-layer models (RoPE, causal NoPE, the
-3:1 hybrid, RNoPE-SWA and windowed RoPE) on chapter 11's two tasks with its five seeds, written to
-``posenc/lab/data/todays_models.json`` with the config and every seed's numbers.
+3:1 hybrid, RNoPE-SWA and windowed RoPE) on chapter 11's two tasks and copy-after-the-first-marker, with its five
+seeds, written to ``posenc/lab/data/todays_models.json`` with the config and every seed's numbers.
 
 Usage (what ``make todays-models`` runs)::
 
@@ -15,7 +15,7 @@ from pathlib import Path
 
 import torch
 
-from book.tools.long_context import cpu_name, git_commit
+from book.tools.long_context import git_commit
 
 
 def main(argv=None) -> int:
@@ -30,7 +30,7 @@ def main(argv=None) -> int:
     config, runs = hybrid_study.train_study(threads=args.threads)
     seconds = time.perf_counter() - start
     record = hybrid_study.results_record(
-        config, runs, seconds=round(seconds, 1), machine={"cpu": cpu_name(), "threads": args.threads},
+        config, runs, seconds=round(seconds, 1), machine=hybrid_study.machine(args.threads),
         versions={"torch": torch.__version__, "posenc": posenc.__version__, "git_commit": git_commit()},
         command="python -m book.tools.todays_models " + " ".join(argv if argv is not None else __import__("sys").argv[1:]))
     output = Path(args.output)

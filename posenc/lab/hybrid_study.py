@@ -1,6 +1,7 @@
 """Chapter 13's trained comparison of layer patterns, in chapter 11's harness (:mod:`posenc.lab.experiments`).
 
-Five four-layer models on chapter 11's two tasks, with its sizes, budget and seeds (only ``n_layers`` differs):
+Five four-layer models on chapter 11's two tasks and one content task (copy the token after the first marker, which
+can lie arbitrarily far back), with chapter 11's sizes, budget and seeds (only ``n_layers`` differs):
 RoPE in every layer, causal NoPE in every layer, the 3:1 hybrid (layers 0-2 RoPE, layer 3 NoPE: SmolLM3's pattern,
 Llama 4's without its chunks), RNoPE-SWA (the hybrid with its RoPE layers in a sliding window of :data:`WINDOW`
 tokens) and its control, the same windowed RoPE in every layer. :func:`train_study` trains them;
@@ -11,13 +12,14 @@ from __future__ import annotations
 
 import json
 import math
+import platform
 from dataclasses import asdict, replace
 from pathlib import Path
 
 from ..layer_patterns import LocalWindow
 from ..rope import RotaryEmbedding
 from . import experiments as ex
-from .tasks import CopyBack, FetchPosition
+from .tasks import CopyAfterMarker, CopyBack, FetchPosition
 
 N_LAYERS = 4
 WINDOW = 8  # the RoPE layers' sliding window in RNoPE-SWA: half the training length of 16
@@ -32,8 +34,9 @@ def study_config() -> ex.ExperimentConfig:
 
 
 def study_tasks() -> list:
-    """Chapter 11's tasks: copy-back by 2 (relative) and fetch position 1 (absolute)."""
-    return [CopyBack(2), FetchPosition(1)]
+    """Chapter 11's tasks, copy-back by 2 (relative) and fetch position 1 (absolute), and copy after the first marker
+    (content: the source is wherever the first marker fell, arbitrarily far back, beyond any window)."""
+    return [CopyBack(2), FetchPosition(1), CopyAfterMarker(1)]
 
 
 def register() -> None:
@@ -46,7 +49,7 @@ def register() -> None:
 
 
 def train_study(seeds=None, names=NAMES, tasks=None, threads: int = 1, device=None) -> tuple:
-    """Train ``names`` on ``tasks`` (default both of :func:`study_tasks`) with ``seeds`` (default the config's five),
+    """Train ``names`` on ``tasks`` (default the three of :func:`study_tasks`) with ``seeds`` (default the config's five),
     all side by side: ``(config, runs)``, one :class:`~posenc.lab.experiments.Run` per task, name and seed."""
     register()
     config = study_config() if seeds is None else replace(study_config(), seeds=tuple(seeds))
@@ -66,6 +69,29 @@ def results_record(config: ex.ExperimentConfig, runs: list, **extra) -> dict:
             "names": list(NAMES), "tasks": [task.name for task in study_tasks()],
             "runs": [{"task": r.task, "encoding": r.encoding, "seed": r.seed, "final_loss": r.losses[-1],
                       "accuracy": {str(n): a for n, a in r.accuracy.items()}} for r in runs], **extra}
+
+
+def machine(threads: int = 1) -> dict:
+    """This machine as the study's record stores it: ``{"cpu": model name, "threads": threads}``."""
+    cpu = ""
+    try:
+        with open("/proc/cpuinfo") as info:
+            cpu = next((line.split(":", 1)[1].strip() for line in info if line.startswith("model name")), "")
+    except OSError:
+        pass
+    return {"cpu": cpu or platform.processor() or "unknown", "threads": threads}
+
+
+def same_platform(record: dict, threads: int = 1) -> bool:
+    """Whether a retraining here with ``threads`` threads should reproduce ``record``'s accuracies bit for bit: the
+    same CPU model, thread count and torch version as the record's ``machine`` and ``versions`` (training is seeded and
+    deterministic on one CPU; another CPU or torch may round differently, and the models then drift apart)."""
+    if not isinstance(record, dict):
+        raise TypeError(f"record must be the study's dict (load_results()[0]), got {type(record).__name__}")
+    import torch
+
+    return (record.get("machine") == machine(threads)
+            and record.get("versions", {}).get("torch") == torch.__version__)
 
 
 def load_results(path=None) -> tuple:
@@ -112,4 +138,4 @@ def load_results(path=None) -> tuple:
 
 
 __all__ = ["N_LAYERS", "WINDOW", "NAMES", "RESULTS_FILE", "study_config", "study_tasks", "register", "train_study",
-           "results_record", "load_results"]
+           "results_record", "machine", "same_platform", "load_results"]
