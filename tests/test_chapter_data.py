@@ -106,3 +106,18 @@ def test_beyond_axioms_tool_runs_a_tiny_plan():
     assert list(result["accuracy"]) == ["nope-causal", "fox"]
     assert all(len(v) == 1 for part in ("accuracy", "sparse") for each in result[part].values() for v in each.values())
     assert set(result["ceiling"]) == {str(n) for n in config.eval_lengths}
+
+
+def test_chapter_13_study_file_matches_the_code():
+    # posenc/lab/data/todays_models.json (make todays-models), which chapter 13 reads: chapter 11's config with four
+    # layers, the study's five models, its three tasks, five seeds, an accuracy at every evaluation length
+    from dataclasses import asdict
+
+    from posenc.lab import hybrid_study
+
+    record, runs = hybrid_study.load_results()
+    config = hybrid_study.study_config()
+    assert record["config"] == {k: list(v) if isinstance(v, tuple) else v for k, v in asdict(config).items()}
+    assert record["config"]["n_layers"] == 4 and record["window"] == hybrid_study.WINDOW
+    assert len(runs) == 3 * len(hybrid_study.NAMES) * len(config.seeds)
+    assert {run.encoding for run in runs} == set(hybrid_study.NAMES)

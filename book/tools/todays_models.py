@@ -1,0 +1,44 @@
+"""Chapter 13's trained comparison (:mod:`posenc.lab.hybrid_study`): five four-layer models (RoPE, causal NoPE, the
+3:1 hybrid, RNoPE-SWA and windowed RoPE) on chapter 11's two tasks and copy-after-the-first-marker, with its five
+seeds, written to ``posenc/lab/data/todays_models.json`` with the config and every seed's numbers.
+
+Usage (what ``make todays-models`` runs)::
+
+    nice -n 10 python -m book.tools.todays_models --threads 1 --output posenc/lab/data/todays_models.json
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import time
+from pathlib import Path
+
+import torch
+
+from book.tools.long_context import git_commit
+
+
+def main(argv=None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--threads", type=int, default=1)
+    parser.add_argument("--output", default="posenc/lab/data/todays_models.json")
+    args = parser.parse_args(argv)
+    import posenc
+    from posenc.lab import hybrid_study
+
+    start = time.perf_counter()
+    config, runs = hybrid_study.train_study(threads=args.threads)
+    seconds = time.perf_counter() - start
+    record = hybrid_study.results_record(
+        config, runs, seconds=round(seconds, 1), machine=hybrid_study.machine(args.threads),
+        versions={"torch": torch.__version__, "posenc": posenc.__version__, "git_commit": git_commit()},
+        command="python -m book.tools.todays_models " + " ".join(argv if argv is not None else __import__("sys").argv[1:]))
+    output = Path(args.output)
+    output.parent.mkdir(parents=True, exist_ok=True)
+    output.write_text(json.dumps(record, indent=1) + "\n")
+    print(f"wrote {output} in {seconds:.0f} s")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

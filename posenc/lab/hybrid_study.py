@@ -1,0 +1,141 @@
+"""Chapter 13's trained comparison of layer patterns, in chapter 11's harness (:mod:`posenc.lab.experiments`).
+
+Five four-layer models on chapter 11's two tasks and one content task (copy the token after the first marker, which
+can lie arbitrarily far back), with chapter 11's sizes, budget and seeds (only ``n_layers`` differs):
+RoPE in every layer, causal NoPE in every layer, the 3:1 hybrid (layers 0-2 RoPE, layer 3 NoPE: SmolLM3's pattern,
+Llama 4's without its chunks), RNoPE-SWA (the hybrid with its RoPE layers in a sliding window of :data:`WINDOW`
+tokens) and its control, the same windowed RoPE in every layer. :func:`train_study` trains them;
+``book/tools/todays_models.py`` (``make todays-models``) writes the result to :data:`RESULTS_FILE`, which ships
+with the package, and :func:`load_results` reads it back, checked.
+"""
+from __future__ import annotations
+
+import json
+import math
+import platform
+from dataclasses import asdict, replace
+from pathlib import Path
+
+from ..layer_patterns import LocalWindow
+from ..rope import RotaryEmbedding
+from . import experiments as ex
+from .tasks import CopyAfterMarker, CopyBack, FetchPosition
+
+N_LAYERS = 4
+WINDOW = 8  # the RoPE layers' sliding window in RNoPE-SWA: half the training length of 16
+# the three the chapter compares, then RNoPE-SWA and its control (windowed RoPE in all four layers)
+NAMES = ("rope", "nope-causal", "hybrid", "rnope-swa", "rope-window")
+RESULTS_FILE = Path(__file__).resolve().parent / "data" / "todays_models.json"
+
+
+def study_config() -> ex.ExperimentConfig:
+    """Chapter 11's :class:`~posenc.lab.experiments.ExperimentConfig` with :data:`N_LAYERS` layers."""
+    return replace(ex.ExperimentConfig(), n_layers=N_LAYERS)
+
+
+def study_tasks() -> list:
+    """Chapter 11's tasks, copy-back by 2 (relative) and fetch position 1 (absolute), and copy after the first marker
+    (content: the source is wherever the first marker fell, arbitrarily far back, beyond any window)."""
+    return [CopyBack(2), FetchPosition(1), CopyAfterMarker(1)]
+
+
+def register() -> None:
+    """Add ``"rope-window"`` (RoPE with a causal sliding window of :data:`WINDOW`, in every layer where it is used)
+    and ``"rnope-swa"`` (three such layers, then causal NoPE, repeated) to the harness; safe to call again."""
+    ex.add_encoding("rope-window", f"RoPE, sliding window {WINDOW}",
+                    lambda c: LocalWindow(RotaryEmbedding(c.head_dim), WINDOW))
+    ex.add_layer_pattern("rnope-swa", ("rope-window", "rope-window", "rope-window", "nope-causal"),
+                         f"RNoPE-SWA (RoPE window {WINDOW}, NoPE every 4th)")
+
+
+def train_study(seeds=None, names=NAMES, tasks=None, threads: int = 1, device=None) -> tuple:
+    """Train ``names`` on ``tasks`` (default the three of :func:`study_tasks`) with ``seeds`` (default the config's five),
+    all side by side: ``(config, runs)``, one :class:`~posenc.lab.experiments.Run` per task, name and seed."""
+    register()
+    config = study_config() if seeds is None else replace(study_config(), seeds=tuple(seeds))
+    plan = [(task, name) for task in (study_tasks() if tasks is None else tasks) for name in names]
+    with ex.threads(threads):
+        return config, ex.run_plan(plan, config, device)
+
+
+def _plain(value):
+    return list(value) if isinstance(value, tuple) else value
+
+
+def results_record(config: ex.ExperimentConfig, runs: list, **extra) -> dict:
+    """The JSON record of a study: the config, the window, the names, the tasks and every run's final loss and
+    accuracy per evaluation length, plus ``extra`` fields (machine, versions, time)."""
+    return {"config": {key: _plain(value) for key, value in asdict(config).items()}, "window": WINDOW,
+            "names": list(NAMES), "tasks": [task.name for task in study_tasks()],
+            "runs": [{"task": r.task, "encoding": r.encoding, "seed": r.seed, "final_loss": r.losses[-1],
+                      "accuracy": {str(n): a for n, a in r.accuracy.items()}} for r in runs], **extra}
+
+
+def machine(threads: int = 1) -> dict:
+    """This machine as the study's record stores it: ``{"cpu": model name, "threads": threads}``."""
+    cpu = ""
+    try:
+        with open("/proc/cpuinfo") as info:
+            cpu = next((line.split(":", 1)[1].strip() for line in info if line.startswith("model name")), "")
+    except OSError:
+        pass
+    return {"cpu": cpu or platform.processor() or "unknown", "threads": threads}
+
+
+def same_platform(record: dict, threads: int = 1) -> bool:
+    """Whether a retraining here with ``threads`` threads should reproduce ``record``'s accuracies bit for bit: the
+    same CPU model, thread count and torch version as the record's ``machine`` and ``versions`` (training is seeded and
+    deterministic on one CPU; another CPU or torch may round differently, and the models then drift apart)."""
+    if not isinstance(record, dict):
+        raise TypeError(f"record must be the study's dict (load_results()[0]), got {type(record).__name__}")
+    import torch
+
+    return (record.get("machine") == machine(threads)
+            and record.get("versions", {}).get("torch") == torch.__version__)
+
+
+def load_results(path=None) -> tuple:
+    """Read the committed study (default :data:`RESULTS_FILE`): ``(record, runs)``, runs as
+    :class:`~posenc.lab.experiments.Run` without models. Raises FileNotFoundError saying how to make the file, and
+    ValueError naming the field that disagrees with this module (config, window, names, tasks) or is missing or out of
+    range (every task x name x seed present once, accuracies in [0, 1] at every evaluation length)."""
+    if path is not None and not isinstance(path, (str, Path)):
+        raise TypeError(f"path must be None or a path, got {type(path).__name__}")
+    path = Path(RESULTS_FILE if path is None else path)
+    if not path.is_file():
+        raise FileNotFoundError(f"no study result at {path}: it ships with posenc as "
+                                "posenc/lab/data/todays_models.json; `make todays-models` remakes it (a few minutes)")
+    record = json.loads(path.read_text())
+    expected = results_record(study_config(), [])
+    for key in ("config", "window", "names", "tasks"):
+        if record.get(key) != expected[key]:
+            raise ValueError(f"{path.name}: field {key!r} is {record.get(key)!r}, the code says {expected[key]!r}: "
+                             "remake the file with `make todays-models`")
+    config = study_config()
+    lengths = [str(n) for n in config.eval_lengths]
+    runs, seen = [], set()
+    for index, entry in enumerate(record.get("runs", [])):
+        key = (entry.get("task"), entry.get("encoding"), entry.get("seed"))
+        if key in seen:
+            raise ValueError(f"{path.name}: runs[{index}] repeats {key}")
+        seen.add(key)
+        accuracy = entry.get("accuracy", {})
+        for n in lengths:
+            value = accuracy.get(n)
+            if isinstance(value, bool) or not isinstance(value, (int, float)) or not 0 <= value <= 1:
+                raise ValueError(f"{path.name}: runs[{index}].accuracy[{n!r}] must be a number in [0, 1], "
+                                 f"got {value!r}")
+        loss = entry.get("final_loss")
+        if isinstance(loss, bool) or not isinstance(loss, (int, float)) or not math.isfinite(loss):
+            raise ValueError(f"{path.name}: runs[{index}].final_loss must be a finite number, got {loss!r}")
+        runs.append(ex.Run(key[0], key[1], key[2], [loss], {int(n): accuracy[n] for n in lengths}))
+    wanted = {(task, name, seed) for task in expected["tasks"] for name in NAMES for seed in config.seeds}
+    if seen != wanted:
+        missing = sorted(wanted - seen, key=str)[:3]
+        raise ValueError(f"{path.name}: runs must hold every task x name x seed once; missing e.g. {missing}, "
+                         f"{len(seen - wanted)} unexpected")
+    return record, runs
+
+
+__all__ = ["N_LAYERS", "WINDOW", "NAMES", "RESULTS_FILE", "study_config", "study_tasks", "register", "train_study",
+           "results_record", "machine", "same_platform", "load_results"]

@@ -1,0 +1,119 @@
+"""posenc.lab.hybrid_study: chapter 13's trained comparison of layer patterns and its committed result."""
+import json
+
+import pytest
+import torch
+
+import posenc
+from posenc.lab import experiments as ex
+from posenc.lab import hybrid_study as hs
+from posenc.layer_patterns import LocalWindow
+
+
+@pytest.fixture(autouse=True, scope="module")
+def _unregister():
+    # register() adds two names to the harness's tables; leave them as other test modules expect them
+    yield
+    for name in ("rope-window", "rnope-swa"):
+        ex.ENCODINGS.pop(name, None)
+        ex.LAYER_PATTERNS.pop(name, None)
+        ex._PATTERNS.pop(name, None)
+        ex._ADDED.discard(name)
+
+
+def test_study_is_chapter_11s_config_with_four_layers():
+    config = hs.study_config()
+    assert config.n_layers == 4
+    assert config == ex.ExperimentConfig(n_layers=4)  # nothing else differs from chapter 11
+    assert [task.name for task in hs.study_tasks()] == ["copy 2 back", "fetch position 1",
+                                                     "copy after marker 1"]
+
+
+def test_register_builds_the_windowed_layers_and_is_idempotent():
+    hs.register()
+    hs.register()  # a re-run notebook registers again
+    config = hs.study_config()
+    model = ex.build_model("rnope-swa", config, seed=0)
+    layers = [model.encoding.layer(i) for i in range(4)]
+    assert [type(layer).__name__ for layer in layers] == ["LocalWindow"] * 3 + ["NoPE"]
+    assert all(layer.size == hs.WINDOW and layer.mode == "sliding" for layer in layers[:3])
+    window = ex.build_model("rope-window", config, seed=0).encoding
+    assert isinstance(window, LocalWindow) and isinstance(window.inner, posenc.RotaryEmbedding)
+    hybrid = ex.build_model("hybrid", config, seed=0).encoding
+    assert [type(hybrid.layer(i)).__name__ for i in range(4)] == ["RotaryEmbedding"] * 3 + ["NoPE"]
+
+
+def test_window_hides_keys_beyond_it_and_the_ensemble_computes_the_same_model():
+    # a windowed model's attention weights are zero beyond the window, and the batched Ensemble the harness trains
+    # computes the models' own logits
+    hs.register()
+    config = hs.study_config()
+    model = ex.build_model("rope-window", config, seed=0)
+    tokens = torch.randint(0, config.vocab_size, (1, 20))
+    with torch.no_grad():
+        _, weights = model(tokens, return_weights=True)
+    m, n = torch.arange(20)[:, None], torch.arange(20)[None, :]
+    outside = (m - n >= hs.WINDOW) | (n > m)
+    for layer_weights in weights:
+        assert (layer_weights[..., outside] == 0).all()
+    models = [ex.build_model(name, config, seed=0) for name in ("rnope-swa", "hybrid")]
+    with torch.no_grad():
+        batched = ex.Ensemble.from_models(models, config).logits(tokens.expand(len(models), -1, -1))
+        for index, single in enumerate(models):
+            assert torch.allclose(batched[index], single(tokens), rtol=1e-4, atol=1e-5)  # other summation order
+
+
+def test_committed_result_matches_the_code():
+    record, runs = hs.load_results()
+    config = hs.study_config()
+    assert len(runs) == len(hs.study_tasks()) * len(hs.NAMES) * len(config.seeds) == 75
+    assert record["window"] == hs.WINDOW and record["names"] == list(hs.NAMES)
+    assert all(set(run.accuracy) == set(config.eval_lengths) for run in runs)
+    assert "todays_models" in record.get("command", "book.tools.todays_models")
+
+
+def test_same_platform_compares_cpu_threads_and_torch():
+    record = {"machine": hs.machine(1), "versions": {"torch": torch.__version__}}
+    assert hs.same_platform(record)
+    assert not hs.same_platform(record, threads=2)
+    assert not hs.same_platform(dict(record, machine=dict(record["machine"], cpu="another CPU")))
+    assert not hs.same_platform(dict(record, versions={"torch": "0.0"}))
+    assert not hs.same_platform({})
+    with pytest.raises(TypeError, match="record"):
+        hs.same_platform([])
+
+
+def test_load_results_fails_clearly(tmp_path):
+    with pytest.raises(FileNotFoundError, match="make todays-models"):
+        hs.load_results(tmp_path / "absent.json")
+    with pytest.raises(TypeError, match="path"):
+        hs.load_results(3)
+    record = json.loads(hs.RESULTS_FILE.read_text())
+    broken = tmp_path / "broken.json"
+    changed = dict(record, config=dict(record["config"], n_layers=2))
+    broken.write_text(json.dumps(changed))
+    with pytest.raises(ValueError, match="config"):
+        hs.load_results(broken)
+    bad_run = dict(record["runs"][0], accuracy=dict(record["runs"][0]["accuracy"], **{"16": 1.5}))
+    broken.write_text(json.dumps(dict(record, runs=[bad_run] + record["runs"][1:])))
+    with pytest.raises(ValueError, match=r"accuracy\['16'\]"):
+        hs.load_results(broken)
+    broken.write_text(json.dumps(dict(record, runs=record["runs"][1:])))
+    with pytest.raises(ValueError, match="every task x name x seed"):
+        hs.load_results(broken)
+    broken.write_text(json.dumps(dict(record, runs=record["runs"] + record["runs"][:1])))
+    with pytest.raises(ValueError, match="repeats"):
+        hs.load_results(broken)
+
+
+def test_the_make_target_writes_what_load_results_reads(tmp_path, monkeypatch):
+    # book/tools/todays_models.py (make todays-models), with the training replaced by the committed runs
+    tools = pytest.importorskip("book.tools.todays_models")
+    _, runs = hs.load_results()
+    monkeypatch.setattr(hs, "train_study", lambda threads=1: (hs.study_config(), runs))
+    output = tmp_path / "study.json"
+    assert tools.main(["--output", str(output)]) == 0
+    record, again = hs.load_results(output)
+    assert [(r.task, r.encoding, r.seed, r.accuracy) for r in again] == [(r.task, r.encoding, r.seed, r.accuracy)
+                                                                         for r in runs]
+    assert "todays_models" in record["command"] and record["machine"]["threads"] == 1
