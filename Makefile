@@ -116,7 +116,7 @@ long-context: $(STAMP) $(MODEL_CACHE)
 	nice -n 10 $(PY) -m book.tools.long_context --threads 2 --output posenc/lab/data/long_context.json
 	nice -n 10 $(PY) -m book.tools.long_context --threads 2 --part window --output posenc/lab/data/long_context_window.json
 
-## make beyond-axioms: chapter 14's trained comparison on the counting task (every encoding, five seeds), written to
+## make beyond-axioms: chapter 14's trained comparison on the counting task (every encoding, five seeds, k = 2 and the k = 1 control), written to
 ## posenc/lab/data/beyond_axioms.json (the chapter reads it and retrains one seed live as a spot check)
 beyond-axioms: $(STAMP)
 	nice -n 10 $(PY) -m book.tools.beyond_axioms --output posenc/lab/data/beyond_axioms.json
