@@ -121,7 +121,7 @@ long-context: $(STAMP) $(MODEL_CACHE)
 todays-models: $(STAMP)
 	nice -n 10 $(PY) -m book.tools.todays_models --threads 1 --output posenc/lab/data/todays_models.json
 
-## make beyond-axioms: chapter 14's trained comparison on the counting task (every encoding, five seeds), written to
+## make beyond-axioms: chapter 14's trained comparison on the counting task (every encoding, five seeds, k = 2 and the k = 1 control), written to
 ## posenc/lab/data/beyond_axioms.json (the chapter reads it and retrains one seed live as a spot check)
 beyond-axioms: $(STAMP)
 	nice -n 10 $(PY) -m book.tools.beyond_axioms --output posenc/lab/data/beyond_axioms.json

@@ -84,18 +84,21 @@ def test_beyond_axioms_data_matches_the_code():
     assert record["names"] == tool.encoding_names()
     assert record["labels"] == {name: ex.encoding_label(name) for name in record["names"]}
     lengths = [str(n) for n in config.eval_lengths]
-    for part in ("accuracy", "sparse"):
-        assert list(record[part]) == record["names"]
-        for per_length in record[part].values():
-            assert list(per_length) == lengths
-            assert all(len(v) == len(config.seeds) and all(0 <= x <= 1 for x in v) for v in per_length.values())
-    assert all(len(v) == len(config.seeds) for v in record["final_loss"].values())
-    for key, rate in (("ceiling", tool.RATE), ("sparse_ceiling", tool.SPARSE_RATE)):
-        task = tasks.CopyAfterMarker(tool.K, rate)
-        for n in config.eval_lengths:
-            inputs = ex.evaluation_data(task, n, config)[0]
-            value = tasks.position_blind_accuracy(task, inputs, config.vocab_size, causal=True)
-            assert record[key][str(n)] == pytest.approx(value, abs=1e-6)
+    # k = 2 at the top level, the k = 1 control (same encodings, seeds and rates) under "k1"
+    for k, part_record in ((tool.K, record), (1, record["k1"])):
+        for part in ("accuracy", "sparse", "sparse_last", "sparse_not_last"):
+            assert list(part_record[part]) == record["names"]
+            for per_length in part_record[part].values():
+                assert list(per_length) == lengths
+                assert all(len(v) == len(config.seeds) and all(0 <= x <= 1 for x in v) for v in per_length.values())
+        assert list(part_record["final_loss"]) == record["names"]
+        assert all(len(v) == len(config.seeds) for v in part_record["final_loss"].values())
+        for key, rate in (("ceiling", tool.RATE), ("sparse_ceiling", tool.SPARSE_RATE)):
+            task = tasks.CopyAfterMarker(k, rate)
+            for n in config.eval_lengths:
+                inputs = ex.evaluation_data(task, n, config)[0]
+                value = tasks.position_blind_accuracy(task, inputs, config.vocab_size, causal=True)
+                assert part_record[key][str(n)] == pytest.approx(value, abs=1e-6)
 
 
 def test_beyond_axioms_tool_runs_a_tiny_plan():
@@ -106,6 +109,11 @@ def test_beyond_axioms_tool_runs_a_tiny_plan():
     assert list(result["accuracy"]) == ["nope-causal", "fox"]
     assert all(len(v) == 1 for part in ("accuracy", "sparse") for each in result[part].values() for v in each.values())
     assert set(result["ceiling"]) == {str(n) for n in config.eval_lengths}
+    # the sparse split: every scored position is in exactly one part, so the parts bracket the whole
+    for name in ("nope-causal", "fox"):
+        for n in config.eval_lengths:
+            low, high = sorted((result["sparse_last"][name][str(n)][0], result["sparse_not_last"][name][str(n)][0]))
+            assert low - 1e-6 <= result["sparse"][name][str(n)][0] <= high + 1e-6
 
 
 def test_chapter_13_study_file_matches_the_code():
