@@ -116,7 +116,7 @@ def cosine_integral(x) -> torch.Tensor:
     Chapter 4's smooth part of the sinusoidal kernel, ``K(Delta) / K(0) ~ -Ci(omega_min Delta) / ln b``, and
     chapter 6's RoPE lobe use it. ``x``: a number or a tensor of any shape; returns float64 of the same shape, in
     memory proportional to ``x``'s. Up to 4 the power series ``gamma + ln x + sum_k (-x^2)^k / (2k (2k)!)`` (its
-    largest term is below 3, so little is cancelled); beyond, ``Ci(x) = -Re E1(i x)`` with ``E1``'s continued
+    largest term is 4 in size, at x = 4, against a sum of about -2, so little is cancelled); beyond, ``Ci(x) = -Re E1(i x)`` with ``E1``'s continued
     fraction (Numerical Recipes' ``cisi``). Against ``scipy.special.sici`` the error stays below 1e-13 on
     ``1e-3 .. 1e6``.
     """
@@ -129,7 +129,7 @@ def cosine_integral(x) -> torch.Tensor:
     result = torch.empty_like(x)
     near = x[small]
     square, term, total = near.square(), torch.ones_like(near), torch.zeros_like(near)
-    for k in range(1, 31):  # the 30th term is below 1e-50 at x = 4
+    for k in range(1, 31):  # the 30th term is below 1e-45 at x = 4
         term = -term * square / ((2 * k - 1) * (2 * k))  # (-x^2)^k / (2k)!
         total = total + term / (2 * k)
     result[small] = EULER_GAMMA + near.log() + total
