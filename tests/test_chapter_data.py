@@ -129,3 +129,8 @@ def test_chapter_13_study_file_matches_the_code():
     assert record["config"]["n_layers"] == 4 and record["window"] == hybrid_study.WINDOW
     assert len(runs) == 3 * len(hybrid_study.NAMES) * len(config.seeds)
     assert {run.encoding for run in runs} == set(hybrid_study.NAMES)
+    # the marker task's runs also hold the depth-varied evaluation (source moved deep), in [0, 1]
+    keys = {hybrid_study.depth_key(n, d) for n, d in hybrid_study.DEPTHS}
+    marker_runs = [run for run in runs if run.task == hybrid_study.study_tasks()[2].name]
+    assert len(marker_runs) == 25 and all(set(run.depth) == keys for run in marker_runs)
+    assert all(0 <= value <= 1 for run in marker_runs for value in run.depth.values())

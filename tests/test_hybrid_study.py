@@ -72,6 +72,37 @@ def test_committed_result_matches_the_code():
     assert "todays_models" in record.get("command", "book.tools.todays_models")
 
 
+def test_committed_result_has_the_marker_tasks_depth_evaluation():
+    _, runs = hs.load_results()
+    marker = hs.study_tasks()[2].name
+    keys = {hs.depth_key(n, d) for n, d in hs.DEPTHS}
+    assert all(set(run.depth) == keys for run in runs if run.task == marker)
+    assert not any(hasattr(run, "depth") for run in runs if run.task != marker)
+
+
+def test_deep_marker_data_moves_the_source_to_the_depth():
+    config = hs.study_config()
+    task = hs.study_tasks()[2]
+    marker = task.marker(config.vocab_size)
+    for length, depth in hs.DEPTHS:
+        inputs, targets, mask = hs.deep_marker_data(task, length, depth, config)
+        plain = ex.evaluation_data(task, length, config)[0]
+        assert inputs.shape == plain.shape
+        assert (inputs[:, :depth] != marker).all() and (inputs[:, depth] == marker).all()
+        assert (inputs[:, depth + 1] != marker).all()
+        assert not mask[:, :depth + 1].any() and mask[:, depth + 1:].all()
+        assert (targets[:, depth + 1:] == inputs[:, depth + 1:depth + 2]).all()
+        assert torch.equal(inputs[:, depth + 2:], plain[:, depth + 2:])  # the rest of the batch is untouched
+        again = hs.deep_marker_data(task, length, depth, config)[0]
+        assert torch.equal(inputs, again)  # seeded: the same batch for every model
+    with pytest.raises(ValueError, match="depth"):
+        hs.deep_marker_data(task, 64, 63, config)
+    with pytest.raises(TypeError, match="CopyAfterMarker"):
+        hs.deep_marker_data(hs.study_tasks()[0], 64, 32, config)
+    with pytest.raises(TypeError, match="depth"):
+        hs.deep_marker_data(task, 64, 3.0, config)
+
+
 def test_same_platform_compares_cpu_threads_and_torch():
     record = {"machine": hs.machine(1), "versions": {"torch": torch.__version__}}
     assert hs.same_platform(record)
@@ -98,6 +129,12 @@ def test_load_results_fails_clearly(tmp_path):
     broken.write_text(json.dumps(dict(record, runs=[bad_run] + record["runs"][1:])))
     with pytest.raises(ValueError, match=r"accuracy\['16'\]"):
         hs.load_results(broken)
+    marker_index = next(i for i, run in enumerate(record["runs"]) if "depth" in run)
+    runs = list(record["runs"])
+    runs[marker_index] = dict(runs[marker_index], depth={})
+    broken.write_text(json.dumps(dict(record, runs=runs)))
+    with pytest.raises(ValueError, match=r"depth\['64@32'\]"):
+        hs.load_results(broken)
     broken.write_text(json.dumps(dict(record, runs=record["runs"][1:])))
     with pytest.raises(ValueError, match="every task x name x seed"):
         hs.load_results(broken)
@@ -116,4 +153,5 @@ def test_the_make_target_writes_what_load_results_reads(tmp_path, monkeypatch):
     record, again = hs.load_results(output)
     assert [(r.task, r.encoding, r.seed, r.accuracy) for r in again] == [(r.task, r.encoding, r.seed, r.accuracy)
                                                                          for r in runs]
+    assert [getattr(r, "depth", None) for r in again] == [getattr(r, "depth", None) for r in runs]
     assert "todays_models" in record["command"] and record["machine"]["threads"] == 1

@@ -1,7 +1,7 @@
 """Chapter 13's trained comparison of layer patterns, in chapter 11's harness (:mod:`posenc.lab.experiments`).
 
 Five four-layer models on chapter 11's two tasks and one content task (copy the token after the first marker, which
-can lie arbitrarily far back), with chapter 11's sizes, budget and seeds (only ``n_layers`` differs):
+falls within the first few tokens at every length; :func:`deep_marker_data` moves it deep), with chapter 11's sizes, budget and seeds (only ``n_layers`` differs):
 RoPE in every layer, causal NoPE in every layer, the 3:1 hybrid (layers 0-2 RoPE, layer 3 NoPE: SmolLM3's pattern,
 Llama 4's without its chunks), RNoPE-SWA (the hybrid with its RoPE layers in a sliding window of :data:`WINDOW`
 tokens) and its control, the same windowed RoPE in every layer. :func:`train_study` trains them;
@@ -22,6 +22,10 @@ from . import experiments as ex
 from .tasks import CopyAfterMarker, CopyBack, FetchPosition
 
 N_LAYERS = 4
+#: The marker task's depth-varied evaluation: ``(length, depth D)`` pairs. In the ordinary evaluation the first marker,
+#: and with it the source, falls within the first few tokens at every length, so longer evaluations vary only the
+#: distance; :func:`deep_marker_data` moves it to depth D.
+DEPTHS = ((64, 32), (256, 128), (256, 224))
 WINDOW = 8  # the RoPE layers' sliding window in RNoPE-SWA: half the training length of 16
 # the three the chapter compares, then RNoPE-SWA and its control (windowed RoPE in all four layers)
 NAMES = ("rope", "nope-causal", "hybrid", "rnope-swa", "rope-window")
@@ -35,7 +39,8 @@ def study_config() -> ex.ExperimentConfig:
 
 def study_tasks() -> list:
     """Chapter 11's tasks, copy-back by 2 (relative) and fetch position 1 (absolute), and copy after the first marker
-    (content: the source is wherever the first marker fell, arbitrarily far back, beyond any window)."""
+    (content: the source is wherever the first marker fell, near the start at every length; at long lengths beyond any
+    window)."""
     return [CopyBack(2), FetchPosition(1), CopyAfterMarker(1)]
 
 
@@ -54,8 +59,56 @@ def train_study(seeds=None, names=NAMES, tasks=None, threads: int = 1, device=No
     register()
     config = study_config() if seeds is None else replace(study_config(), seeds=tuple(seeds))
     plan = [(task, name) for task in (study_tasks() if tasks is None else tasks) for name in names]
+    # the marker task's runs also get ``run.depth``: accuracy per :func:`depth_key` of :data:`DEPTHS`
     with ex.threads(threads):
-        return config, ex.run_plan(plan, config, device)
+        runs = ex.run_plan(plan, config, device)
+        marker = study_tasks()[2]
+        for run in runs:
+            if run.task == marker.name and run.model is not None:
+                run.depth = {depth_key(n, d): depth_accuracy(run.model, marker, n, d, config) for n, d in DEPTHS}
+    return config, runs
+
+
+def deep_marker_data(task: CopyAfterMarker, length: int, depth: int, config: ex.ExperimentConfig):
+    """The marker task's evaluation batch at ``length`` with its source moved to depth ``depth``: every marker before
+    ``depth`` replaced by an ordinary token, a marker forced at ``depth`` and an ordinary token after it (the source).
+    Returns ``(inputs, targets, mask)``, each ``(B, length)`` (mask: where there is a target, from ``depth + 1`` on).
+    Seeded by ``config.eval_seed``, ``length`` and ``depth``: the same batch for every model."""
+    import torch
+
+    if not isinstance(task, CopyAfterMarker) or task.k != 1:
+        raise TypeError(f"task must be CopyAfterMarker(1), got {task!r}")
+    if isinstance(length, bool) or not isinstance(length, int) or isinstance(depth, bool) or not isinstance(depth, int):
+        raise TypeError(f"length and depth must be ints, got {length!r} and {depth!r}")
+    if not 0 <= depth <= length - 2:
+        raise ValueError(f"depth must be in [0, length - 2] = [0, {length - 2}], got {depth}")
+    inputs = ex.evaluation_data(task, length, config)[0].clone()
+    marker = task.marker(config.vocab_size)
+    generator = torch.Generator().manual_seed(config.eval_seed + 1000 * length + depth)
+    ordinary = torch.randint(marker, inputs.shape, generator=generator)  # tokens 0 .. marker - 1
+    head = inputs[:, :depth + 2]
+    inputs[:, :depth + 2] = torch.where(head == marker, ordinary[:, :depth + 2], head)
+    inputs[:, depth] = marker
+    sources = task.sources_of(inputs, config.vocab_size)
+    mask = sources >= 0
+    targets = torch.where(mask, torch.gather(inputs, 1, sources.clamp(min=0)), torch.zeros_like(inputs))
+    return inputs, targets, mask
+
+
+def depth_accuracy(model, task: CopyAfterMarker, length: int, depth: int, config: ex.ExperimentConfig) -> float:
+    """``model``'s accuracy on :func:`deep_marker_data` (the most likely token against every target)."""
+    import torch
+
+    inputs, targets, mask = deep_marker_data(task, length, depth, config)
+    model.eval()
+    with torch.no_grad():
+        correct = (model(inputs).argmax(dim=-1) == targets) & mask
+    return (correct.sum() / mask.sum()).item()
+
+
+def depth_key(length: int, depth: int) -> str:
+    """The record's key of one depth-varied evaluation: ``"length@depth"``."""
+    return f"{length}@{depth}"
 
 
 def _plain(value):
@@ -64,11 +117,14 @@ def _plain(value):
 
 def results_record(config: ex.ExperimentConfig, runs: list, **extra) -> dict:
     """The JSON record of a study: the config, the window, the names, the tasks and every run's final loss and
-    accuracy per evaluation length, plus ``extra`` fields (machine, versions, time)."""
+    accuracy per evaluation length (the marker task's runs also their ``depth`` accuracies), plus ``extra`` fields
+    (machine, versions, time)."""
     return {"config": {key: _plain(value) for key, value in asdict(config).items()}, "window": WINDOW,
+            "depths": [list(pair) for pair in DEPTHS],
             "names": list(NAMES), "tasks": [task.name for task in study_tasks()],
             "runs": [{"task": r.task, "encoding": r.encoding, "seed": r.seed, "final_loss": r.losses[-1],
-                      "accuracy": {str(n): a for n, a in r.accuracy.items()}} for r in runs], **extra}
+                      "accuracy": {str(n): a for n, a in r.accuracy.items()},
+                      **({"depth": dict(r.depth)} if getattr(r, "depth", None) else {})} for r in runs], **extra}
 
 
 def machine(threads: int = 1) -> dict:
@@ -107,7 +163,7 @@ def load_results(path=None) -> tuple:
                                 "posenc/lab/data/todays_models.json; `make todays-models` remakes it (a few minutes)")
     record = json.loads(path.read_text())
     expected = results_record(study_config(), [])
-    for key in ("config", "window", "names", "tasks"):
+    for key in ("config", "window", "depths", "names", "tasks"):
         if record.get(key) != expected[key]:
             raise ValueError(f"{path.name}: field {key!r} is {record.get(key)!r}, the code says {expected[key]!r}: "
                              "remake the file with `make todays-models`")
@@ -128,7 +184,16 @@ def load_results(path=None) -> tuple:
         loss = entry.get("final_loss")
         if isinstance(loss, bool) or not isinstance(loss, (int, float)) or not math.isfinite(loss):
             raise ValueError(f"{path.name}: runs[{index}].final_loss must be a finite number, got {loss!r}")
-        runs.append(ex.Run(key[0], key[1], key[2], [loss], {int(n): accuracy[n] for n in lengths}))
+        run = ex.Run(key[0], key[1], key[2], [loss], {int(n): accuracy[n] for n in lengths})
+        if key[0] == expected["tasks"][2]:
+            depth = entry.get("depth", {})
+            for name in (depth_key(n, d) for n, d in DEPTHS):
+                value = depth.get(name)
+                if isinstance(value, bool) or not isinstance(value, (int, float)) or not 0 <= value <= 1:
+                    raise ValueError(f"{path.name}: runs[{index}].depth[{name!r}] must be a number in [0, 1], "
+                                     f"got {value!r}")
+            run.depth = {name: depth[name] for name in (depth_key(n, d) for n, d in DEPTHS)}
+        runs.append(run)
     wanted = {(task, name, seed) for task in expected["tasks"] for name in NAMES for seed in config.seeds}
     if seen != wanted:
         missing = sorted(wanted - seen, key=str)[:3]
@@ -137,5 +202,5 @@ def load_results(path=None) -> tuple:
     return record, runs
 
 
-__all__ = ["N_LAYERS", "WINDOW", "NAMES", "RESULTS_FILE", "study_config", "study_tasks", "register", "train_study",
+__all__ = ["N_LAYERS", "DEPTHS", "deep_marker_data", "depth_accuracy", "depth_key", "WINDOW", "NAMES", "RESULTS_FILE", "study_config", "study_tasks", "register", "train_study",
            "results_record", "machine", "same_platform", "load_results"]
