@@ -59,11 +59,9 @@ def test_learned_position_norms(minilm):
 
 # chapter 14's trained comparison (make beyond-axioms) ------------------------------------------------------------
 def _beyond_axioms_record():
-    import json
-    from importlib import resources
+    from posenc.lab import results
 
-    with resources.files("posenc.lab.data").joinpath("beyond_axioms.json").open() as f:
-        return json.load(f)
+    return results.read_json("beyond_axioms.json", None, "counting-task result", "`make beyond-axioms` remakes it")[1]
 
 
 def test_beyond_axioms_data_matches_the_code():
@@ -134,3 +132,17 @@ def test_chapter_13_study_file_matches_the_code():
     marker_runs = [run for run in runs if run.task == hybrid_study.study_tasks()[2].name]
     assert len(marker_runs) == 25 and all(set(run.depth) == keys for run in marker_runs)
     assert all(0 <= value <= 1 for run in marker_runs for value in run.depth.values())
+
+
+def test_read_json_reads_the_committed_files_and_names_what_is_missing(tmp_path):
+    from posenc.lab import results
+
+    path, record = results.read_json("todays_models.json", None, "study result", "`make todays-models` remakes it")
+    assert path == results.DATA_DIR / "todays_models.json" and isinstance(record, dict)
+    with pytest.raises(FileNotFoundError, match=r"no study result at .*missing\.json: it ships with posenc as "
+                                                r"posenc/lab/data/todays_models.json; `make todays-models`"):
+        results.read_json("todays_models.json", tmp_path / "missing.json", "study result",
+                          "`make todays-models` remakes it")
+    with pytest.raises(TypeError, match="path must be None or a path"):
+        results.read_json("todays_models.json", 3, "study result", "`make todays-models` remakes it")
+    assert results.cpu_name()

@@ -33,6 +33,8 @@ from pathlib import Path
 
 import torch
 
+from posenc.lab.results import cpu_name
+
 ROOT = Path(__file__).resolve().parents[2]
 TRAINED = 8192
 HEAD_TOKENS = 256  # the cheap point the chapter recomputes live
@@ -79,16 +81,6 @@ def git_commit() -> str:
                               check=True).stdout.strip()
     except (OSError, subprocess.CalledProcessError):
         return "unknown"
-
-
-def cpu_name() -> str:
-    try:
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.startswith("model name"):
-                return line.split(":", 1)[1].strip()
-    except OSError:
-        pass
-    return platform.processor() or "unknown"
 
 
 def provenance(args, lm, posenc) -> dict:

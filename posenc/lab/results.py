@@ -1,0 +1,41 @@
+"""The committed results of the book's make targets: where they live, how they are read, and the machine they record.
+
+Heavy results (chapter 12's long-context perplexities, chapter 13's and 14's trained comparisons) are made by a
+``make`` target and committed as JSON under ``posenc/lab/data/`` (:data:`DATA_DIR`), which ships with the package, so a
+pip install (as in Colab) has them. :func:`read_json` reads one; each chapter's module checks its fields.
+"""
+from __future__ import annotations
+
+import json
+import platform
+from pathlib import Path
+
+DATA_DIR = Path(__file__).resolve().parent / "data"
+
+
+def read_json(name: str, path, what: str, remake: str) -> tuple[Path, dict]:
+    """``(path, record)`` of the committed file ``name`` in :data:`DATA_DIR`, or of ``path`` when it is not None.
+
+    ``what`` names the result and ``remake`` how to make it again, for the FileNotFoundError a missing file raises;
+    a ``path`` that is neither None nor a str or Path raises TypeError.
+    """
+    if path is not None and not isinstance(path, (str, Path)):
+        raise TypeError(f"path must be None or a path, got {type(path).__name__}")
+    path = Path(DATA_DIR / name if path is None else path)
+    if not path.is_file():
+        raise FileNotFoundError(f"no {what} at {path}: it ships with posenc as posenc/lab/data/{name}; {remake}")
+    return path, json.loads(path.read_text())
+
+
+def cpu_name() -> str:
+    """This machine's CPU model (``/proc/cpuinfo``'s "model name"), else ``platform.processor()``, else "unknown"."""
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name"):
+                return line.split(":", 1)[1].strip() or platform.processor() or "unknown"
+    except OSError:
+        pass
+    return platform.processor() or "unknown"
+
+
+__all__ = ["DATA_DIR", "read_json", "cpu_name"]
