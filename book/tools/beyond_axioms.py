@@ -80,14 +80,16 @@ def run(names, config, k: int = K, rate: float = RATE, sparse_rate: float = SPAR
         for n in config.eval_lengths:
             inputs, targets, mask = ex.evaluation_data(sparse, n, config)
             last = (inputs == config.vocab_size - 1).sum(-1).eq(k)[:, None] & mask
+            subsets = (("sparse_last", last), ("sparse_not_last", mask & ~last))
             for g, name in enumerate(names):
-                for key, subset in (("sparse_last", last), ("sparse_not_last", mask & ~last)):
-                    values = []
-                    for r in runs[g * seeds:(g + 1) * seeds]:
-                        r.model.eval()
-                        correct = (r.model(inputs).argmax(-1) == targets) & subset
-                        values.append(correct.sum().item() / max(subset.sum().item(), 1))
-                    result[key].setdefault(name, {})[str(n)] = values
+                for key, _ in subsets:
+                    result[key].setdefault(name, {})[str(n)] = []
+                for r in runs[g * seeds:(g + 1) * seeds]:
+                    r.model.eval()
+                    right = r.model(inputs).argmax(-1) == targets  # one forward pass serves both subsets
+                    for key, subset in subsets:
+                        correct = right & subset
+                        result[key][name][str(n)].append(correct.sum().item() / max(subset.sum().item(), 1))
     for key, each in (("ceiling", task), ("sparse_ceiling", sparse)):
         result[key] = {str(n): tasks.position_blind_accuracy(each, ex.evaluation_data(each, n, config)[0],
                                                              config.vocab_size, causal=True)
