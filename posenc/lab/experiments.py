@@ -654,11 +654,17 @@ def evaluation_data(task: CopyTask, length: int, config: ExperimentConfig, devic
 @torch.no_grad()
 def evaluate(model: TinyTransformer, task: CopyTask, length: int, config: ExperimentConfig):
     """Accuracy of the most likely token on the evaluation batch: ``(overall, per_position (L,))``."""
-    model.eval()
     device = next(model.parameters()).device
-    inputs, targets, mask = evaluation_data(task, length, config, device)
+    return batch_accuracy(model, *evaluation_data(task, length, config, device))
+
+
+@torch.no_grad()
+def batch_accuracy(model: TinyTransformer, inputs: torch.Tensor, targets: torch.Tensor, mask: torch.Tensor):
+    """Accuracy of ``model``'s most likely token on one batch ``inputs``, ``targets``, ``mask`` (each ``(B, L)``):
+    ``(overall, per_position (L,))``, per position NaN where there is no target."""
+    model.eval()
     correct = (model(inputs).argmax(dim=-1) == targets) & mask
-    per_position = correct.sum(0).float() / mask.sum(0).float()  # NaN where no target
+    per_position = correct.sum(0).float() / mask.sum(0).float()
     return (correct.sum() / mask.sum()).item(), per_position.cpu()
 
 
@@ -817,5 +823,5 @@ def position_probe_r2(hidden: torch.Tensor) -> float:
 __all__ = ["ExperimentConfig", "threads", "ENCODINGS", "LAYER_PATTERNS", "BEYOND_ENCODINGS", "add_encoding", "add_layer_pattern",
            "JORDAN_DAMPING", "jordan_frequencies", "jordan_rotation_generator", "with_rope", "fine_tune", "accuracies",
            "encoding_label", "Block", "TinyTransformer", "build_model", "Run", "Ensemble", "train",
-           "evaluation_data", "evaluate", "EVAL_CHUNK_SCORES", "evaluate_ensemble", "run_plan", "run_encoding",
+           "evaluation_data", "evaluate", "batch_accuracy", "EVAL_CHUNK_SCORES", "evaluate_ensemble", "run_plan", "run_encoding",
            "run_experiments", "accuracy_spread", "mean_position_accuracy", "results_table", "position_probe_r2"]

@@ -95,13 +95,7 @@ def deep_marker_data(task: CopyAfterMarker, length: int, depth: int, config: ex.
 
 def depth_accuracy(model, task: CopyAfterMarker, length: int, depth: int, config: ex.ExperimentConfig) -> float:
     """``model``'s accuracy on :func:`deep_marker_data` (the most likely token against every target)."""
-    import torch
-
-    inputs, targets, mask = deep_marker_data(task, length, depth, config)
-    model.eval()
-    with torch.no_grad():
-        correct = (model(inputs).argmax(dim=-1) == targets) & mask
-    return (correct.sum() / mask.sum()).item()
+    return ex.batch_accuracy(model, *deep_marker_data(task, length, depth, config))[0]
 
 
 def depth_key(length: int, depth: int) -> str:
