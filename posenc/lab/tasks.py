@@ -198,11 +198,10 @@ def position_blind_accuracy(task: CopyTask, inputs: torch.Tensor, vocab_size: in
     if causal:
         seen = counted.cumsum(dim=1)
         alpha = (source == positions).float()[..., None]  # (B, L, 1)
-        others = (seen.sum(-1, keepdim=True) - counted.sum(-1, keepdim=True)).clamp(min=1)
     else:
         seen = counted.sum(dim=1, keepdim=True)
         alpha = (source[on_target] == positions.expand_as(source)[on_target]).float().mean()
-        others = (seen.sum(-1, keepdim=True) - counted.sum(-1, keepdim=True)).clamp(min=1)
+    others = (seen.sum(-1, keepdim=True) - counted.sum(-1, keepdim=True)).clamp(min=1)  # tokens besides the own
     best = (alpha * own + (1 - alpha) * (seen - counted) / others).amax(dim=-1)  # (B, L)
     if per_position:
         count = on_target.sum(0)
