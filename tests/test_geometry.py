@@ -359,6 +359,43 @@ def test_affine_stress_is_the_least_squares_line_and_equals_the_correlation_form
     assert torch.allclose(geometry.distance_correlation(shifted, target), r, atol=1e-12)
 
 
+@settings(max_examples=25, deadline=None)
+@given(SEEDS)
+def test_partial_correlation_is_the_textbook_formula_for_one_control_and_recursive_for_two(seed):
+    generator = torch.Generator().manual_seed(seed)
+    delta, control, other = (geometry.pairwise_distances(torch.randn(9, 3, generator=generator, dtype=torch.float64))
+                             for _ in range(3))
+    target = geometry.hellinger_distances(random_distributions(9, 12, seed))
+    r = geometry.distance_correlation
+    r_dt, r_dc, r_tc = r(delta, target), r(delta, control), r(target, control)
+    textbook = (r_dt - r_dc * r_tc) / ((1 - r_dc**2) * (1 - r_tc**2)).sqrt()
+    one = geometry.partial_correlation(delta, target, control)
+    assert torch.allclose(one, textbook, atol=1e-12)
+    # two controls: the first-order partials combine like plain correlations (the recursion for partial correlation)
+    p_dt, p_do, p_to = (geometry.partial_correlation(x, y, control)
+                        for x, y in ((delta, target), (delta, other), (target, other)))
+    recursive = (p_dt - p_do * p_to) / ((1 - p_do**2) * (1 - p_to**2)).sqrt()
+    assert torch.allclose(geometry.partial_correlation(delta, target, torch.stack([control, other])), recursive,
+                          atol=1e-10)
+    # an increasing affine map of any argument changes nothing
+    offset = 2 * (1 - torch.eye(9, dtype=torch.float64))
+    assert torch.allclose(geometry.partial_correlation(offset + 3 * delta, target, offset + 0.5 * control), one,
+                          atol=1e-12)
+
+
+def test_partial_correlation_finds_what_the_control_does_not_explain():
+    generator = torch.Generator().manual_seed(0)
+    delta, control = (geometry.pairwise_distances(torch.randn(8, 2, generator=generator, dtype=torch.float64))
+                      for _ in range(2))
+    # the target is the control plus the encoding: the raw r is diluted, the partial r is exactly 1
+    target = control + 0.3 * delta
+    assert float(geometry.distance_correlation(delta, target)) < 0.9
+    assert float(geometry.partial_correlation(delta, target, control)) == pytest.approx(1.0, abs=1e-12)
+    # a target the control explains exactly leaves nothing to correlate
+    with pytest.raises(ValueError, match="control explains"):
+        geometry.partial_correlation(delta, 1 + 2 * control, control)
+
+
 def test_affine_stress_of_an_anticorrelated_encoding_is_one():
     target = geometry.pairwise_distances(torch.arange(6, dtype=torch.float64)[:, None])
     reversed_distances = (10 - target).fill_diagonal_(0)
@@ -461,6 +498,9 @@ def test_position_predictor_at_the_minimal_width_merges_equal_rows():
     (lambda: geometry.nonmetric_stress(1 - torch.eye(3), 1 - torch.eye(3), formula=3), ValueError, "formula"),
     (lambda: geometry.affine_stress(1 - torch.eye(3), 1 - torch.eye(3)), ValueError, "distances"),
     (lambda: geometry.distance_correlation(1 - torch.eye(3), 1 - torch.eye(3)), ValueError, "constant"),
+    (lambda: geometry.partial_correlation(1 - torch.eye(3), 1 - torch.eye(3), torch.ones(3)), ValueError, "control"),
+    (lambda: geometry.partial_correlation(1 - torch.eye(3), 1 - torch.eye(3), torch.ones(2, 4, 4)), ValueError,
+     "control"),
     (lambda: geometry.fit_position_predictor(torch.tensor([[1.0, 0.0], [0.5, 0.5]]), 2), ValueError, "positive"),
     (lambda: geometry.fit_position_predictor(torch.full((2, 2), 0.5), 0), ValueError, "dim"),
 ])

@@ -9,8 +9,8 @@ whose exact Algorithm 1 and stress formula were not available:
 3. ``B = -1/2 J D^2 J`` and its top eigenvectors scaled by ``sqrt(eigenvalue)`` (:func:`classical_mds`);
 4. the fit of any encoding to ``D`` under several criteria: metric ratio stress with a fitted scale
    (:func:`stress`, :func:`stress_of_distances`), offset-aware stress and correlation (:func:`affine_stress`,
-   :func:`distance_correlation`), and Kruskal's non-metric stress via isotonic regression (:func:`nonmetric_stress`,
-   :func:`isotonic_regression`);
+   :func:`distance_correlation`; :func:`partial_correlation` when a null is controlled for), and Kruskal's
+   non-metric stress via isotonic regression (:func:`nonmetric_stress`, :func:`isotonic_regression`);
 5. the best distances that depend only on ``|i - j|`` (:func:`toeplitz_projection`): a floor for the stress of
    every shift-invariant encoding;
 6. the rank of ``B`` (:func:`effective_rank`, :func:`entropy_effective_rank`) and the ``r (n + d)``-parameter
@@ -321,6 +321,35 @@ def distance_correlation(encoding_distances: torch.Tensor, distances: torch.Tens
     return ((fitted @ target) / norms).clamp(-1.0, 1.0)
 
 
+def partial_correlation(encoding_distances: torch.Tensor, distances: torch.Tensor,
+                        control: torch.Tensor) -> torch.Tensor:
+    """Partial correlation of the pair distances ``delta`` with ``D`` controlling for ``control``: the Pearson
+    correlation of the residuals of ``(delta_ij)_{i<j}`` and ``(D_ij)_{i<j}`` after each is regressed on an
+    intercept and the control's pair distances. Arguments are ``(n, n)`` distance matrices; ``control`` may also be
+    a ``(k, n, n)`` stack (several controls at once). Returns a 0-d float64 tensor in ``[-1, 1]``; with one control it
+    equals ``(r_dD - r_dC r_DC) / sqrt((1 - r_dC^2)(1 - r_DC^2))``.
+
+    Use it to ask whether an encoding follows the part of a target that a null (a shuffled corpus) does not
+    explain: correlations with two different targets are not comparable, this is. Undefined (``ValueError``) when
+    either residual is zero (a distance set the control explains exactly)."""
+    fitted, target = _pair_vectors(encoding_distances, distances)
+    require_tensor("control", control)
+    controls = control[None] if control.ndim == 2 else control
+    if controls.ndim != 3 or controls.shape[0] == 0 or controls.shape[1:] != distances.shape:
+        raise ValueError(f"control must be an (n, n) distance matrix like distances {tuple(distances.shape)} or a "
+                         f"(k, n, n) stack of them, got shape {tuple(control.shape)}")
+    rows, cols = torch.triu_indices(len(distances), len(distances), 1, device=target.device)
+    columns = [_distance_matrix("control", one)[rows, cols] for one in controls]
+    design = torch.stack([torch.ones_like(target), *columns], dim=1)                      # (pairs, 1 + k)
+    both = torch.stack([fitted, target], dim=1)                                            # (pairs, 2)
+    residuals = both - design @ torch.linalg.lstsq(design, both).solution
+    norms = residuals.norm(dim=0)
+    if bool((norms <= 1e-12 * (both - both.mean(dim=0)).norm(dim=0)).any()):  # round-off of an exact fit
+        raise ValueError("the control explains encoding_distances or distances exactly: the partial correlation is "
+                         "undefined")
+    return ((residuals[:, 0] @ residuals[:, 1]) / (norms[0] * norms[1])).clamp(-1.0, 1.0)
+
+
 def affine_stress(encoding_distances: torch.Tensor, distances: torch.Tensor, return_fit: bool = False):
     """Offset-aware (interval) stress: ``sqrt(min_{a, c >= 0} sum (a + c delta - D)^2 / sum (D - mean D)^2)``.
 
@@ -610,7 +639,7 @@ def fit_rope_amplitudes(distances: torch.Tensor, inv_freq: torch.Tensor, criteri
 
 __all__ = ["position_token_counts", "positional_distributions", "hellinger_distances", "double_centered_gram",
            "MDSResult", "classical_mds", "effective_rank", "entropy_effective_rank", "pairwise_distances",
-           "kernel_distances", "stress_of_distances", "stress", "distance_correlation", "affine_stress",
-           "isotonic_regression", "nonmetric_stress", "PositionPredictor", "fit_position_predictor",
+           "kernel_distances", "stress_of_distances", "stress", "distance_correlation", "partial_correlation",
+           "affine_stress", "isotonic_regression", "nonmetric_stress", "PositionPredictor", "fit_position_predictor",
            "toeplitz_projection", "low_rank_factors", "shuffle_within", "split_groups", "rope_family_distances",
            "ROPE_FIT_CRITERIA", "fit_rope_amplitudes"]
