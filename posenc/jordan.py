@@ -247,7 +247,7 @@ def classify_generator(generator: torch.Tensor, tol: float | None = None) -> lis
     """
     generator = check_generator("generator", generator)
     default = tol is None
-    tol = default_tolerance(generator.dtype) if default else float(tol)
+    tol = default_tolerance(generator.dtype) if tol is None else float(tol)
     if not 0 < tol < 1:
         raise ValueError(f"tol must lie in (0, 1), got {tol}")
     x = generator.to(torch.complex128)

@@ -77,7 +77,7 @@ def attention(q, k, v, *, encoding=None, q_positions=None, k_positions=None, cau
         bias = encoding.logit_bias(q_positions, k_positions)
         if bias is not None:
             logits = logits + bias.to(logits.dtype)
-    if causal:
+    if allowed is not None:  # causal
         logits = logits.masked_fill(~allowed, float("-inf"))
     weights = torch.softmax(logits, dim=-1)
     out = weights @ v

@@ -24,7 +24,7 @@ import difflib
 import math
 import numbers
 from dataclasses import dataclass
-from typing import Callable
+from typing import Any, Callable, cast
 
 import torch
 
@@ -246,21 +246,21 @@ ROPE_TYPES: dict[str, RopeType] = {
 ROPE_FREQUENCY_FUNCTIONS: dict[str, RopeFrequencyFn] = {name: spec.function for name, spec in ROPE_TYPES.items()}
 
 
-def _is_number(value) -> bool:
+def _is_number(value: Any) -> bool:
     # finite, written with comparisons rather than math.isfinite so that torch.compile can trace it
-    return not isinstance(value, bool) and isinstance(value, (int, float, numbers.Real)) and -math.inf < value < math.inf
+    return not isinstance(value, bool) and isinstance(value, (int, float, numbers.Real)) and -math.inf < cast(float, value) < math.inf
 
 
 # What each key must hold, as (test, what was expected). None is accepted for optional keys (transformers reads
 # a None the same as a missing key for these), except where the table reads None differently from absent.
-_VALUE_RULES: dict[str, tuple[Callable[[object], bool], str]] = {
+_VALUE_RULES: dict[str, tuple[Callable[[Any], bool], str]] = {
     "rope_theta": (lambda v: _is_number(v) and v > 1, "a number > 1"),
     "partial_rotary_factor": (lambda v: _is_number(v) and 0 <= v <= 1, "a number in [0, 1]"),
     "factor": (lambda v: _is_number(v) and v >= 1, "a number >= 1"),
     "low_freq_factor": (lambda v: _is_number(v) and v > 0, "a number > 0"),
     "high_freq_factor": (lambda v: _is_number(v) and v > 0, "a number > 0"),
-    "original_max_position_embeddings": (lambda v: isinstance(v, numbers.Integral) and not isinstance(v, bool) and v >= 1,
-                                         "an int >= 1"),
+    "original_max_position_embeddings": (
+        lambda v: isinstance(v, numbers.Integral) and not isinstance(v, bool) and int(v) >= 1, "an int >= 1"),
     "attention_factor": (lambda v: _is_number(v) and v >= 0, "a number >= 0"),
     "beta_fast": (_is_number, "a number"),
     "beta_slow": (_is_number, "a number"),
@@ -381,7 +381,7 @@ def rope_parameters_from_config(config, layer_type: str | None = None) -> dict:
                              "pass layer_type= one of them")
         if layer_type not in nested:
             raise ValueError(f"layer_type must be one of {', '.join(map(repr, nested))}, got {layer_type!r}")
-        parameters = parameters[layer_type]
+        parameters = cast(dict, parameters)[layer_type]
     elif layer_type is not None:
         types = get("layer_types", None)
         if types and layer_type not in set(types):

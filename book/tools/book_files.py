@@ -1,4 +1,4 @@
-"""What the book consists of: the notebooks and pages listed in _toc.yml, and the execution settings."""
+"""What the book consists of: the notebooks and pages listed in _toc.yml, and their time targets."""
 from __future__ import annotations
 
 from pathlib import Path
@@ -30,10 +30,6 @@ def toc_entries(root: Path = ROOT) -> list[str]:
 def toc_notebooks(root: Path = ROOT) -> list[Path]:
     """The notebooks of _toc.yml, as paths under ``root``."""
     return [root / f"{entry}.ipynb" for entry in toc_entries(root) if (root / f"{entry}.ipynb").exists()]
-
-
-def execution_settings(root: Path = ROOT) -> dict:
-    return config(root).get("execute", {})
 
 
 def executed_dir(root: Path = ROOT) -> Path:

@@ -355,10 +355,6 @@ class InteractiveFigure:
         self._redraw(values, live=True)
         return _render_live_png(self.figure)
 
-    def redraw_seconds(self, repeats: int = 5, **values) -> float:
-        """Median wall time of one live update (draw + PNG render, what a widget waits for)."""
-        return float(sorted(self.redraw_times(repeats, **values))[repeats // 2])
-
     def redraw_times(self, repeats: int = 5, cpu: bool = False, **values) -> list[float]:
         """Wall times of ``repeats`` live updates, after one untimed update that lays the figure out.
 
