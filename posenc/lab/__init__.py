@@ -5,7 +5,8 @@
   :mod:`posenc.lab.tables` formats their results;
 * :mod:`posenc.lab.embeddings`: real pretrained token and position embeddings (MiniLM offline);
 * :mod:`posenc.lab.language_model`: a real Llama-architecture model (SmolLM2-135M) loaded offline and run with
-  posenc's RoPE;
+  posenc's RoPE; :mod:`posenc.lab.long_context`: chapter 12's study of it beyond its trained context (not imported
+  here);
 * :mod:`posenc.lab.geometry`: positional distributions, Hellinger distances, classical MDS, stress;
 * :mod:`posenc.lab.hybrid_study`: chapter 13's trained comparison of layer patterns (not imported here);
 * :mod:`posenc.lab.results`: the committed results of the make targets (``posenc/lab/data/``) and how they are read.

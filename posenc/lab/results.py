@@ -6,8 +6,12 @@ pip install (as in Colab) has them. :func:`read_json` reads one; each chapter's 
 """
 from __future__ import annotations
 
+import datetime
 import json
+import os
 import platform
+import subprocess
+import sys
 from pathlib import Path
 
 DATA_DIR = Path(__file__).resolve().parent / "data"
@@ -38,4 +42,37 @@ def cpu_name() -> str:
     return platform.processor() or "unknown"
 
 
-__all__ = ["DATA_DIR", "read_json", "cpu_name"]
+def git_commit() -> str:
+    """The commit of the checkout posenc runs from (``git rev-parse HEAD``), or "unknown" outside a git checkout."""
+    try:
+        return subprocess.run(["git", "rev-parse", "HEAD"], cwd=Path(__file__).resolve().parent, capture_output=True,
+                              text=True, check=True).stdout.strip()
+    except (OSError, subprocess.CalledProcessError):
+        return "unknown"
+
+
+def provenance(threads: int, module: str) -> dict:
+    """What every results file records about how it was made: ``machine`` (platform, CPU, cores, threads),
+    ``versions`` (python, torch, transformers where installed, posenc, git commit), ``date`` (UTC, ISO 8601) and
+    ``command`` (``python -m <module>`` with this process's arguments)."""
+    import torch
+
+    import posenc
+
+    versions = {"python": platform.python_version(), "torch": torch.__version__}
+    try:
+        import transformers
+
+        versions["transformers"] = transformers.__version__
+    except ImportError:
+        pass
+    versions.update(posenc=posenc.__version__, git_commit=git_commit())
+    return {
+        "machine": {"platform": platform.platform(), "cpu": cpu_name(), "cores": os.cpu_count(), "threads": threads},
+        "versions": versions,
+        "date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
+        "command": " ".join([Path(sys.executable).name, "-m", module, *sys.argv[1:]]),
+    }
+
+
+__all__ = ["DATA_DIR", "read_json", "cpu_name", "git_commit", "provenance"]

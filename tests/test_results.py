@@ -1,0 +1,11 @@
+"""posenc.lab.results: how a results file records the machine, versions and command that made it."""
+from posenc.lab import results
+
+
+def test_provenance_records_how_a_results_file_was_made():
+    record = results.provenance(3, "book.tools.example")
+    assert record["machine"]["threads"] == 3 and record["machine"]["cpu"] == results.cpu_name()
+    assert {"python", "torch", "posenc", "git_commit"} <= set(record["versions"])
+    assert len(record["versions"]["git_commit"]) == 40 or record["versions"]["git_commit"] == "unknown"
+    assert record["command"].split()[1:3] == ["-m", "book.tools.example"]
+    assert record["date"].endswith("+00:00")
