@@ -563,3 +563,35 @@ def test_fit_rope_amplitudes_recovers_a_member_of_the_family(criterion):
         assert geometry.stress_of_distances(fitted, target) < 0.01 < geometry.stress_of_distances(equal, target)
     with pytest.raises(ValueError, match="criterion"):
         geometry.fit_rope_amplitudes(target, inv_freq, criterion="kruskal")
+
+
+@settings(max_examples=25, deadline=None)
+@given(seed=SEEDS, free=st.integers(0, 2))
+def test_nonnegative_least_squares_matches_scipy(seed, free):
+    from scipy.optimize import lsq_linear
+    generator = torch.Generator().manual_seed(seed)
+    matrix = torch.randn(30, 8, generator=generator, dtype=torch.float64)
+    target = torch.randn(30, generator=generator, dtype=torch.float64)
+    x = geometry.nonnegative_least_squares(matrix, target, free=free)
+    lower = [-math.inf] * free + [0.0] * (8 - free)
+    reference = lsq_linear(matrix.numpy(), target.numpy(), bounds=(lower, math.inf), method="bvls", tol=1e-12)
+    assert bool((x[free:] >= 0).all())
+    # the minimum is unique (full column rank): the residuals agree to round-off, and so do the solutions
+    assert abs(float((matrix @ x - target).norm()) - float(torch.tensor(reference.fun).norm())) < 1e-9
+    assert torch.allclose(x, torch.tensor(reference.x), atol=1e-7)
+
+
+def test_nonnegative_least_squares_by_hand():
+    # columns e_1, e_2 and target (1, -1): the second coefficient would be -1, the constraint puts it at 0
+    matrix = torch.eye(2, dtype=torch.float64)
+    assert torch.equal(geometry.nonnegative_least_squares(matrix, torch.tensor([1.0, -1.0])), torch.tensor([1.0, 0.0]))
+    assert torch.equal(geometry.nonnegative_least_squares(matrix, torch.tensor([1.0, -1.0]), free=2),
+                       torch.tensor([1.0, -1.0], dtype=torch.float64))
+    # a positive solution is the plain least-squares solution
+    a = torch.tensor([[1.0, 0.0], [1.0, 1.0], [1.0, 2.0]], dtype=torch.float64)
+    assert torch.allclose(geometry.nonnegative_least_squares(a, a @ torch.tensor([2.0, 3.0], dtype=torch.float64)),
+                          torch.tensor([2.0, 3.0], dtype=torch.float64), atol=1e-12)
+    with pytest.raises(ValueError, match="free"):
+        geometry.nonnegative_least_squares(matrix, torch.ones(2), free=3)
+    with pytest.raises(ValueError, match="target"):
+        geometry.nonnegative_least_squares(matrix, torch.ones(3))

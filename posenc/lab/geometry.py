@@ -11,6 +11,8 @@ whose exact Algorithm 1 and stress formula were not available:
    (:func:`stress`, :func:`stress_of_distances`), offset-aware stress and correlation (:func:`affine_stress`,
    :func:`distance_correlation`; :func:`partial_correlation` when a null is controlled for), and Kruskal's
    non-metric stress via isotonic regression (:func:`nonmetric_stress`, :func:`isotonic_regression`);
+   least squares with non-negative coefficients (:func:`nonnegative_least_squares`, used for chapter 8's mixtures
+   of decays);
 5. the best distances that depend only on ``|i - j|`` (:func:`toeplitz_projection`): a floor for the stress of
    every shift-invariant encoding;
 6. the rank of ``B`` (:func:`effective_rank`, :func:`entropy_effective_rank`) and the ``r (n + d)``-parameter
@@ -406,6 +408,57 @@ def isotonic_regression(values: torch.Tensor, weights: torch.Tensor | None = Non
             sizes[-2] += sizes[-1]
             del means[-1], totals[-1], sizes[-1]
     return torch.repeat_interleave(torch.tensor(means, dtype=FLOAT), torch.tensor(sizes)).to(values.device)
+
+
+def nonnegative_least_squares(matrix: torch.Tensor, target: torch.Tensor, free: int = 0) -> torch.Tensor:
+    """``x`` ``(n,)`` minimising ``||matrix @ x - target||`` with ``x[free:] >= 0`` and the first ``free`` entries
+    unconstrained; ``matrix`` ``(m, n)``, ``target`` ``(m,)``; float64.
+
+    The free columns are projected out first (QR), the rest is the active-set method of Lawson and Hanson (1974):
+    move into the passive set the coordinate whose gradient most wants to grow, solve least squares on the passive
+    set, and step back to the boundary while a passive coordinate would turn negative. The free entries are then
+    least squares on what the bounded ones leave. It stops when no coordinate's gradient exceeds its round-off
+    (or after ``3 (n - free)`` steps); a constraint that binds shows as an entry at exactly 0."""
+    matrix, target = require_tensor("matrix", matrix), require_tensor("target", target)
+    if matrix.ndim != 2 or target.shape != matrix.shape[:1]:
+        raise ValueError(f"matrix must be (m, n) and target (m,), got {tuple(matrix.shape)} and {tuple(target.shape)}")
+    require_int("free", free)
+    if not 0 <= free <= matrix.shape[1]:
+        raise ValueError(f"free must lie in 0..{matrix.shape[1]}, got {free}")
+    matrix, target = matrix.to(FLOAT), target.to(FLOAT)
+    if not bool(torch.isfinite(matrix).all() and torch.isfinite(target).all()):
+        raise ValueError("matrix and target must be finite")
+    unconstrained, bounded = matrix[:, :free], matrix[:, free:]
+    a, b = bounded, target
+    if free:
+        basis = torch.linalg.qr(unconstrained).Q                      # (m, free)
+        a, b = a - basis @ (basis.T @ a), b - basis @ (basis.T @ b)
+    k = a.shape[1]
+    x = torch.zeros(k, dtype=FLOAT, device=matrix.device)
+    passive = torch.zeros(k, dtype=torch.bool, device=matrix.device)
+    tol = 10 * torch.finfo(FLOAT).eps * float(torch.linalg.matrix_norm(a) * b.norm())  # round-off of a.T @ residual
+    for _ in range(3 * k):
+        gradient = a.T @ (b - a @ x)                                  # minus half the gradient of the squared error
+        wanted = ~passive & (gradient > tol)
+        if not bool(wanted.any()):
+            break
+        passive[torch.where(wanted, gradient, -torch.inf).argmax()] = True
+        while True:
+            z = torch.zeros_like(x)
+            q, r = torch.linalg.qr(a[:, passive])                     # QR: no rank cut on ill-conditioned sets
+            z[passive] = torch.linalg.solve_triangular(r, (q.T @ b)[:, None], upper=True)[:, 0]
+            if bool((z[passive] > 0).all()):
+                x = z
+                break
+            blocking = passive & (z <= 0)
+            step = (x[blocking] / (x[blocking] - z[blocking])).min()
+            x = x + step * (z - x)
+            passive &= x > tol
+            x[~passive] = 0
+    if not free:
+        return x
+    rest = torch.linalg.lstsq(unconstrained, (target - bounded @ x)[:, None]).solution[:, 0]
+    return torch.cat((rest, x))
 
 
 def nonmetric_stress(encoding_distances: torch.Tensor, distances: torch.Tensor, formula: int = 1,
