@@ -269,7 +269,7 @@ class NDRoPE(PositionalEncoding):
         return isinstance(self.weights, torch.nn.Parameter)
 
     def coordinates_of(self, positions) -> torch.Tensor:
-        """Coordinates ``(*B, L, n_axes)`` of ``positions`` (indices into :attr:`coordinates` when it is set)."""
+        """Coordinates ``(*B, L, n_axes)`` of ``positions`` (indices into ``coordinates`` when it is set)."""
         if self.coordinates is None:
             return as_coordinates("positions", positions, self.frequencies.shape[-1], self.frequencies.device)
         return indexed_coordinates(self.coordinates, positions)

@@ -227,6 +227,8 @@ COMMON_KEYS = ("rope_theta", "partial_rotary_factor")
 # one difference: transformers also requires rope_theta (all types) and original_max_position_embeddings (yarn,
 # longrope, llama3), but fills both in from the model config before it checks; posenc fills them in from
 # DEFAULT_THETA and the max_position_embeddings argument, so here they are optional.
+#: Every ``rope_type`` with its frequency function, required and optional keys of ``rope_parameters``, and whether its
+#: table depends on the sequence length (:class:`RopeType`).
 ROPE_TYPES: dict[str, RopeType] = {
     # rope_type: RopeType(function, required keys, optional keys, whether the table depends on seq_len)
     "default": RopeType(default_frequencies, (), (), False),
@@ -242,7 +244,7 @@ ROPE_TYPES: dict[str, RopeType] = {
     "proportional": RopeType(proportional_frequencies, (), (), False),
 }
 
-# The registry: rope_type -> function (derived from the table above, so the two cannot disagree).
+#: The registry, rope_type -> function (derived from the table above, so the two cannot disagree).
 ROPE_FREQUENCY_FUNCTIONS: dict[str, RopeFrequencyFn] = {name: spec.function for name, spec in ROPE_TYPES.items()}
 
 
