@@ -129,7 +129,8 @@ def rotate_nd(x: torch.Tensor, positions: torch.Tensor | list[list[float]], freq
         seq_dim: the sequence axis of ``x``, -2 or -3.
 
     Returns:
-        ``x`` rotated, same shape and dtype; angles in float32 (float64 for float64 positions or frequencies).
+        ``x`` rotated, with its shape and dtype (the angles in float32, or float64 for float64 positions or
+        frequencies).
 
     Example:
         >>> x = torch.randn(1, 16, 4, 32)                                   # (B, L, H, D): a 4 x 4 grid

@@ -35,7 +35,7 @@ def xpos_log_scales(head_dim: int, scale_base: float = 512.0, device: torch.devi
         device: where the result lives.
 
     Returns:
-        The per-pair log-decay per position, all negative: ``zeta_j^(t/B) = exp(t * xpos_log_scales(D)[j])``.
+        The per-pair log-decay per position, all negative, with ``zeta_j^(t/B) = exp(t * xpos_log_scales(D)[j])``.
     """
     check_head_dim(head_dim)
     base = require_positive_number("scale_base", scale_base)
@@ -55,7 +55,7 @@ def xpos_cos_sin(positions: Tensor | list[int] | range, inv_freq: Tensor, log_sc
         key: the key's tables (scale ``zeta_j^(-t/B)``) instead of the query's (``zeta_j^(t/B)``).
 
     Returns:
-        ``(cos, sin)``, each ``(*P, T, D/2)``, float32: tables for :func:`posenc.apply_rope`.
+        ``(cos, sin)``, each ``(*P, T, D/2)`` and float32, tables for :func:`posenc.apply_rope`.
     """
     positions = as_positions("positions", positions, device=inv_freq.device)
     if log_scales.shape != inv_freq.shape:
@@ -84,7 +84,7 @@ def apply_xpos_qk(q: Tensor, k: Tensor, q_positions: Tensor | list[int] | range 
         seq_dim: the sequence axis, as for :func:`posenc.apply_rope`.
 
     Returns:
-        ``(q_x, k_x)`` shaped and typed like ``q`` and ``k``; the angles and scales are float32.
+        ``(q_x, k_x)`` shaped and typed like ``q`` and ``k`` (the angles and scales are float32).
 
     Example:
         >>> q, k = torch.randn(1, 2, 8, 16), torch.randn(1, 2, 8, 16)
