@@ -427,6 +427,23 @@ def rope_frequencies(
 
     ``rope_parameters`` is checked first (:func:`check_rope_parameters`). Returns ``(inv_freq,
     attention_factor)`` with ``inv_freq`` of shape ``(rotary_dim // 2,)``, float32.
+
+    Args:
+        head_dim: ``D``, even.
+        rope_parameters: a transformers ``rope_parameters`` dict (``rope_type``, ``rope_theta``, ``factor``, ...);
+            None for the original RoPE with base 10000.
+        max_position_embeddings: the model's context length (the default ``original_max_position_embeddings``).
+        seq_len: the sequence length, for the types whose table depends on it.
+        device: where the table lives.
+
+    Returns:
+        ``(inv_freq, attention_factor)``, a float32 tensor ``(rotary_dim // 2,)`` and a float.
+
+    Example:
+        >>> inv_freq, attention_factor = rope_frequencies(64, {"rope_type": "yarn", "factor": 4.0,
+        ...                                                    "original_max_position_embeddings": 2048})
+        >>> inv_freq.shape, inv_freq.dtype, round(attention_factor, 4)
+        (torch.Size([32]), torch.float32, 1.1386)
     """
     check_head_dim(head_dim)
     require_int("max_position_embeddings", max_position_embeddings, minimum=1)
