@@ -13,6 +13,8 @@ Modules, one concept each, in the order of the chapters:
 * :mod:`posenc.nd_rope`: RoPE for 2-D and N-D positions (axial, mixed, M-RoPE) and its plug-in :class:`NDRoPE`;
 * :mod:`posenc.generators`: the generators ``X`` of every family (RoPE, xPos, RetNet, decay, Jordan, ALiBi) and
   their frequency laws;
+* :mod:`posenc.xpos`: xPos as RoPE's elementwise pass with a per-pair scale (:func:`~posenc.xpos.apply_xpos_qk`) and
+  its plug-in :class:`~posenc.xpos.XPos`, equal to ``GroupEncoding(xpos_generator(...))``;
 * :mod:`posenc.group_encodings`: the maps ``exp(tX)`` and ``exp(sum_i p_i X_i)`` (the Lie view) and the plug-ins
   :class:`GroupEncoding`, :class:`MultiGroupEncoding`;
 * :mod:`posenc.learned_generators`: learned generators for N-D positions, commuting (ComRoPE, Cayley-STRING) or not
@@ -55,6 +57,8 @@ from .rope import (RotaryEmbedding, apply_rope, apply_rope_, apply_rope_qk, inte
                    permute_qk_weight, rope_angles, rope_cos_sin, rope_matrix, rotate)
 from .alibi import ALiBi, alibi_bias, alibi_slopes
 from .nd_rope import NDRoPE
+from . import xpos
+from .xpos import XPos
 from .group_encodings import GroupEncoding, MultiGroupEncoding
 from .learned_generators import CayleySTRING, ComRoPE, LieRE
 from .data_dependent import CoPE, FoX, PaTH
@@ -78,7 +82,8 @@ __all__ = [
     # transformers models run with posenc's RoPE (chapter 12)
     "rope_parameters_from_config", "use_posenc_rope",
     # every plug-in encoding, with its family
-    "SinusoidalInput", "LearnedInput", "RotaryEmbedding", "ALiBi", "NDRoPE", "GroupEncoding", "MultiGroupEncoding",
+    "SinusoidalInput", "LearnedInput", "RotaryEmbedding", "ALiBi", "NDRoPE", "XPos", "GroupEncoding",
+    "MultiGroupEncoding",
     "ComRoPE", "CayleySTRING", "LieRE", "CoPE", "FoX", "PaTH",
 ]
 

@@ -47,7 +47,7 @@ def binary_encoding(positions, bits: int, dtype=torch.float32, wrap: bool = Fals
 
 
 def sinusoidal_frequencies(dim: int, base: float = 10_000.0, device=None, dtype=torch.float64) -> torch.Tensor:
-    """``omega_i = base^(-2i/dim)`` for ``i = 0 .. dim/2 - 1``: shape ``(dim/2,)``."""
+    """``omega_i = base^(-2i/dim)`` for ``i`` from 0 to ``dim/2 - 1``: shape ``(dim/2,)``."""
     require_int("dim", dim, minimum=2, even=True)
     require_positive_number("base", base)
     return base ** (-torch.arange(0, dim, 2, device=device, dtype=dtype) / dim)
@@ -75,7 +75,7 @@ def sinusoidal_encoding(positions, dim: int, base: float = 10_000.0, layout: str
 
 
 def sinusoidal_dot_product(offsets, dim: int, base: float = 10_000.0, chunk: int = 1 << 22) -> torch.Tensor:
-    """``PE(p) . PE(p + k) = sum_i cos(omega_i k)`` for each offset ``k``: shape of ``offsets``, float64.
+    """``PE(p) @ PE(p + k) = sum_i cos(omega_i k)`` for each offset ``k``: shape of ``offsets``, float64.
 
     The dot product of two sinusoidal encodings depends on their offset only, so this needs no positions.
     Offsets may be huge (a million of them): the ``(K, dim/2)`` cosines are summed ``chunk`` elements at a time.

@@ -81,7 +81,7 @@ def _require_causal(allowed, name: str):
 
 
 class ContentEncoding(PositionalEncoding):
-    """Base class of the data-dependent encodings: ``kind = "content"``, override :meth:`content_logits`."""
+    """Base class of the data-dependent encodings: ``kind = "content"``, override :meth:`~posenc.encodings.PositionalEncoding.content_logits`."""
 
     kind = "content"
 

@@ -20,6 +20,8 @@ from __future__ import annotations
 import torch
 from torch import nn
 
+#: The five kinds of plug-in, the values of ``PositionalEncoding.kind``, in order no position, added to the input,
+#: applied to q and k, added to the logits, or computing the logits from the content.
 KINDS = ("none", "input", "qk", "logits", "content")
 
 

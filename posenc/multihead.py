@@ -35,7 +35,27 @@ def attention(q, k, v, *, encoding=None, q_positions=None, k_positions=None, cau
     A "content" encoding computes the logits itself (:meth:`PositionalEncoding.content_logits`) from ``q``, ``k``,
     ``hidden`` (the hidden states of the key tokens, ``(B, Lk, d_model)``, for encodings whose gates read them) and
     the causal mask; it ignores the positions (it counts tokens in their order, queries the last ``Lq`` keys).
-    Returns ``out`` ``(B, H, Lq, D)``, and the weights ``(B, H, Lq, Lk)`` when ``return_weights``.
+
+    Args:
+        q: queries ``(B, H, Lq, D)``.
+        k: keys ``(B, H, Lk, D)``.
+        v: values ``(B, H, Lk, Dv)``.
+        encoding: a :class:`~posenc.encodings.PositionalEncoding` of kind "none", "qk", "logits" or "content", or
+            None (no position).
+        q_positions: ``(Lq,)`` or ``(B, Lq)``; default the last ``Lq`` of the keys' positions.
+        k_positions: ``(Lk,)`` or ``(B, Lk)``; default ``arange(Lk)``.
+        causal: mask the keys after each query's position.
+        return_weights: also return the attention weights.
+        hidden: the key tokens' hidden states ``(B, Lk, d_model)``, for "content" encodings that read them.
+
+    Returns:
+        ``out`` ``(B, H, Lq, Dv)``, or ``(out, weights)`` with ``weights`` ``(B, H, Lq, Lk)`` when ``return_weights``.
+
+    Example:
+        >>> q = k = v = torch.randn(1, 2, 6, 8)
+        >>> out = attention(q, k, v, encoding=posenc.RotaryEmbedding(8), causal=True)
+        >>> out.shape
+        torch.Size([1, 2, 6, 8])
     """
     for name, t in (("q", q), ("k", k), ("v", v)):
         require_tensor(name, t)

@@ -26,7 +26,7 @@ from __future__ import annotations
 
 import torch
 
-from ._checks import (as_coordinates, check_frequencies, check_head_dim, check_layout, require_int,
+from ._checks import (as_coordinates, check_frequencies, check_head_dim, check_layout, check_seq_dim, require_int,
                       require_positive_number, require_tensor)
 from .encodings import PositionalEncoding
 from .rope import apply_rope
@@ -116,11 +116,41 @@ def nd_rope_cos_sin(positions, frequencies: torch.Tensor):
     return angles.cos(), angles.sin()
 
 
-def rotate_nd(x: torch.Tensor, positions, frequencies: torch.Tensor, layout: str = "half") -> torch.Tensor:
-    """N-D RoPE in one call: ``x`` ``(..., L, D)`` rotated at ``positions`` ``(L, n_axes)``; ``D >= 2 P``."""
+def rotate_nd(x: torch.Tensor, positions: torch.Tensor | list[list[float]], frequencies: torch.Tensor,
+              layout: str = "half", *, seq_dim: int = -2) -> torch.Tensor:
+    """N-D RoPE in one call: ``x`` rotated at ``positions`` with the pairs' frequency vectors.
+
+    Args:
+        x: ``(..., L, D)`` with ``seq_dim=-2`` (e.g. ``(B, H, L, D)``), or ``(..., L, H, D)`` with ``seq_dim=-3``
+            (``(B, L, H, D)``); real floating point.
+        positions: coordinates ``(L, n_axes)`` or ``(B, L, n_axes)``.
+        frequencies: ``(P, n_axes)`` with ``D >= 2 P`` (the first ``2 P`` features rotate, the rest pass through).
+        layout: ``"half"`` or ``"interleaved"`` pairs.
+        seq_dim: the sequence axis of ``x``, -2 or -3.
+
+    Returns:
+        ``x`` rotated, with its shape and dtype (the angles in float32, or float64 for float64 positions or
+        frequencies).
+
+    Example:
+        >>> x = torch.randn(1, 16, 4, 32)                                   # (B, L, H, D): a 4 x 4 grid
+        >>> rotate_nd(x, grid_positions(4, 4), axial_frequencies(32), seq_dim=-3).shape
+        torch.Size([1, 16, 4, 32])
+    """
     require_tensor("x", x)
+    axis = check_seq_dim(seq_dim, x.ndim)
+    frequencies = check_frequencies(frequencies)
+    positions = as_coordinates("positions", positions, frequencies.shape[-1], x.device)
+    length = positions.shape[-2]
+    if x.ndim >= 2 and x.shape[axis] != length:
+        message = (f"positions have {length} rows but x {tuple(x.shape)} has sequence length {x.shape[axis]} on "
+                   f"axis seq_dim={axis}")
+        other = -3 if axis == -2 else -2
+        if x.ndim >= 3 and x.shape[other] == length:
+            message += f"; axis {other} has length {length}: pass seq_dim={other}"
+        raise ValueError(message)
     cos, sin = nd_rope_cos_sin(positions, frequencies.to(x.device))
-    return apply_rope(x, cos, sin, layout, seq_dim=-2)  # x: (..., L, D), the sequence axis second to last
+    return apply_rope(x, cos, sin, layout, seq_dim=axis)
 
 
 def mrope_frequencies(head_dim: int, sections, base: float = 10_000.0, interleaved: bool = False,
@@ -227,6 +257,8 @@ class NDRoPE(PositionalEncoding):
 
     ``learnable`` (default: True for mixed, False for axial) makes the frequencies trainable. A learnable axial
     encoding stays axial: only each pair's speed along its own axis is trained (the other entries are masked).
+    ``seq_dim``: the sequence axis of ``q`` and ``k``, -2 for ``(B, H, L, D)`` (as :func:`posenc.attention` passes
+    them) or -3 for ``(B, L, H, D)``.
     """
 
     kind = "qk"
@@ -234,8 +266,11 @@ class NDRoPE(PositionalEncoding):
 
     def __init__(self, head_dim: int, n_axes: int = 2, variant: str = "axial", base: float = DEFAULT_BASE,
                  coordinates: torch.Tensor | None = None, learnable: bool | None = None, layout: str = "half",
-                 generator=None):
+                 generator: torch.Generator | None = None, seq_dim: int = -2) -> None:
         super().__init__()
+        if seq_dim not in (-2, -3):
+            raise ValueError(f"seq_dim must be -2 ((B, H, L, D)) or -3 ((B, L, H, D)), got {seq_dim!r}")
+        self.seq_dim = seq_dim
         if variant not in VARIANTS:
             raise ValueError(f"variant must be one of {VARIANTS}, got {variant!r}")
         self.variant, self.layout = variant, check_layout(layout)
@@ -268,22 +303,26 @@ class NDRoPE(PositionalEncoding):
     def learnable(self) -> bool:
         return isinstance(self.weights, torch.nn.Parameter)
 
-    def coordinates_of(self, positions) -> torch.Tensor:
-        """Coordinates ``(*B, L, n_axes)`` of ``positions`` (indices into :attr:`coordinates` when it is set)."""
+    def coordinates_of(self, positions: torch.Tensor) -> torch.Tensor:
+        """Coordinates ``(*B, L, n_axes)`` of ``positions`` (indices into ``coordinates`` when it is set)."""
         if self.coordinates is None:
             return as_coordinates("positions", positions, self.frequencies.shape[-1], self.frequencies.device)
         return indexed_coordinates(self.coordinates, positions)
 
-    def rotate(self, x: torch.Tensor, positions) -> torch.Tensor:
-        """``x`` ``(..., L, D)`` rotated at ``positions`` (see the class docstring)."""
-        return rotate_nd(x, self.coordinates_of(positions), self.frequencies, self.layout)
+    def rotate(self, x: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:
+        """``x`` ``(..., L, D)`` (``(..., L, H, D)`` with ``seq_dim=-3``) rotated at ``positions`` (see the class
+        docstring); same shape and dtype."""
+        return rotate_nd(x, self.coordinates_of(positions), self.frequencies, self.layout, seq_dim=self.seq_dim)
 
-    def encode_qk(self, q, k, q_positions, k_positions):
+    def encode_qk(self, q: torch.Tensor, k: torch.Tensor, q_positions: torch.Tensor, k_positions: torch.Tensor
+                  ) -> tuple[torch.Tensor, torch.Tensor]:
+        """``q`` ``(B, H, Lq, D)`` and ``k`` ``(B, H, Lk, D)`` (or ``(B, L, H, D)`` with ``seq_dim=-3``) rotated at
+        their positions: ``(q_rot, k_rot)``, shaped and typed like ``q`` and ``k``."""
         return self.rotate(q, q_positions), self.rotate(k, k_positions)
 
     def extra_repr(self) -> str:
         return (f"variant={self.variant!r}, pairs={self.weights.shape[0]}, n_axes={self.weights.shape[1]}, "
-                f"layout={self.layout!r}, learnable={self.learnable}")
+                f"layout={self.layout!r}, learnable={self.learnable}, seq_dim={self.seq_dim}")
 
 
 def fit_score_map(variant: str, target: torch.Tensor, offsets: torch.Tensor, head_dim: int = 32,

@@ -227,6 +227,8 @@ COMMON_KEYS = ("rope_theta", "partial_rotary_factor")
 # one difference: transformers also requires rope_theta (all types) and original_max_position_embeddings (yarn,
 # longrope, llama3), but fills both in from the model config before it checks; posenc fills them in from
 # DEFAULT_THETA and the max_position_embeddings argument, so here they are optional.
+#: Every ``rope_type`` with its frequency function, required and optional keys of ``rope_parameters``, and whether its
+#: table depends on the sequence length (:class:`RopeType`).
 ROPE_TYPES: dict[str, RopeType] = {
     # rope_type: RopeType(function, required keys, optional keys, whether the table depends on seq_len)
     "default": RopeType(default_frequencies, (), (), False),
@@ -242,7 +244,7 @@ ROPE_TYPES: dict[str, RopeType] = {
     "proportional": RopeType(proportional_frequencies, (), (), False),
 }
 
-# The registry: rope_type -> function (derived from the table above, so the two cannot disagree).
+#: The registry, rope_type -> function (derived from the table above, so the two cannot disagree).
 ROPE_FREQUENCY_FUNCTIONS: dict[str, RopeFrequencyFn] = {name: spec.function for name, spec in ROPE_TYPES.items()}
 
 
@@ -425,6 +427,23 @@ def rope_frequencies(
 
     ``rope_parameters`` is checked first (:func:`check_rope_parameters`). Returns ``(inv_freq,
     attention_factor)`` with ``inv_freq`` of shape ``(rotary_dim // 2,)``, float32.
+
+    Args:
+        head_dim: ``D``, even.
+        rope_parameters: a transformers ``rope_parameters`` dict (``rope_type``, ``rope_theta``, ``factor``, ...);
+            None for the original RoPE with base 10000.
+        max_position_embeddings: the model's context length (the default ``original_max_position_embeddings``).
+        seq_len: the sequence length, for the types whose table depends on it.
+        device: where the table lives.
+
+    Returns:
+        ``(inv_freq, attention_factor)``, a float32 tensor ``(rotary_dim // 2,)`` and a float.
+
+    Example:
+        >>> inv_freq, attention_factor = rope_frequencies(64, {"rope_type": "yarn", "factor": 4.0,
+        ...                                                    "original_max_position_embeddings": 2048})
+        >>> inv_freq.shape, inv_freq.dtype, round(attention_factor, 4)
+        (torch.Size([32]), torch.float32, 1.1386)
     """
     check_head_dim(head_dim)
     require_int("max_position_embeddings", max_position_embeddings, minimum=1)

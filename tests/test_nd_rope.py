@@ -348,3 +348,32 @@ def test_fit_score_map_rejects_bad_input():
         nd_rope.fit_score_map("mixed", stripe[:5], window)
     with pytest.raises(ValueError, match="variant"):
         nd_rope.fit_score_map("diagonal", stripe, window)
+
+
+@pytest.mark.parametrize("variant", ["axial", "mixed"])
+def test_seq_dim_minus_three_equals_the_transposed_call(variant):
+    """(B, T, H, D) with seq_dim=-3 is the (B, H, T, D) call transposed, bit for bit (the same products)."""
+    torch.manual_seed(0)
+    x = torch.randn(2, 9, 3, HEAD_DIM)                                     # (B, T, H, D), a 3 x 3 grid
+    grid = nd_rope.grid_positions(3, 3)
+    frequencies = nd_rope.axial_frequencies(HEAD_DIM) if variant == "axial" else nd_rope.mixed_frequencies(HEAD_DIM)
+    along_t = nd_rope.rotate_nd(x, grid, frequencies, seq_dim=-3)
+    assert torch.equal(along_t, nd_rope.rotate_nd(x.transpose(1, 2), grid, frequencies).transpose(1, 2))
+    batched = grid.expand(2, 9, 2)                                          # (B, T, n_axes) coordinates
+    assert torch.equal(nd_rope.rotate_nd(x, batched, frequencies, seq_dim=-3), along_t)
+    encoding = nd_rope.NDRoPE(HEAD_DIM, variant=variant, coordinates=grid, seq_dim=-3)
+    plain = nd_rope.NDRoPE(HEAD_DIM, variant=variant, coordinates=grid)
+    plain.load_state_dict(encoding.state_dict())
+    q, k = encoding.encode_qk(x, x, torch.arange(9), torch.arange(9))
+    q_t, _ = plain.encode_qk(x.transpose(1, 2), x.transpose(1, 2), torch.arange(9), torch.arange(9))
+    assert torch.equal(q, q_t.transpose(1, 2)) and torch.equal(k, q)
+
+
+def test_a_sequence_on_the_other_axis_is_refused_with_the_seq_dim_that_fits():
+    x = torch.randn(1, 9, 3, HEAD_DIM)                                     # (B, T, H, D) passed without seq_dim
+    with pytest.raises(ValueError, match=r"positions have 9 rows .* axis -3 has length 9: pass seq_dim=-3"):
+        nd_rope.rotate_nd(x, nd_rope.grid_positions(3, 3), nd_rope.axial_frequencies(HEAD_DIM))
+    with pytest.raises(ValueError, match="seq_dim"):
+        nd_rope.NDRoPE(HEAD_DIM, seq_dim=-1)
+    with pytest.raises(ValueError, match="seq_dim"):
+        nd_rope.rotate_nd(x, nd_rope.grid_positions(3, 3), nd_rope.axial_frequencies(HEAD_DIM), seq_dim=-4)

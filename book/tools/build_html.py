@@ -136,7 +136,9 @@ def build() -> int:
     command = [str(Path(sys.executable).parent / "jupyter-book"), "build", str(STAGE), "--path-output", str(ROOT),
                "--all", "-n", "-W", "--keep-going"]
     print("+", " ".join(command), flush=True)
-    result = subprocess.run(command, cwd=ROOT)
+    # the API pages document the posenc of this checkout, whatever the environment's editable install points at
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, [str(ROOT), os.environ.get("PYTHONPATH")]))}
+    result = subprocess.run(command, cwd=ROOT, env=env)
     if result.returncode:
         return result.returncode
     icon_at_root(ROOT / "_build" / "html")

@@ -33,3 +33,37 @@ def test_every_citation_is_in_the_bibliography():
         for group in re.findall(r"\{cite(?::\w+)?\}`([^`]+)`", path.read_text()):
             cited.update(key.strip() for key in group.split(","))
     assert cited and not cited - keys, f"cited but not in references.bib: {sorted(cited - keys)}"
+
+
+def public_modules() -> list[str]:
+    """The library's modules as posenc's docstring lists them (``posenc.lab``, the book's plumbing, left out)."""
+    import posenc
+
+    return list(dict.fromkeys(m for m in re.findall(r":mod:`posenc\.(\w+)`", posenc.__doc__) if m != "lab"))
+
+
+def test_every_public_module_has_an_api_page_in_the_toc():
+    import posenc
+
+    listed = set(toc_entries())
+    assert len(public_modules()) >= 17
+    for module in public_modules():
+        assert hasattr(posenc, module), f"posenc's docstring lists posenc.{module}, which `import posenc` lacks"
+        page = ROOT / "book" / "api" / f"{module}.md"
+        assert page.exists() and f".. automodule:: posenc.{module}\n" in page.read_text(), \
+            f"{page.relative_to(ROOT)} must document posenc.{module} with automodule"
+        assert f"book/api/{module}" in listed, f"book/api/{module} is not in _toc.yml"
+    assert "book/api/index" in listed
+
+
+def test_the_api_index_lists_every_public_name_at_its_home():
+    import posenc
+
+    index = (ROOT / "book" / "api" / "index.md").read_text()
+    listed = {name: module for module, name in re.findall(r"^   ~posenc\.(\w+)\.(\w+)$", index, flags=re.M)}
+    assert set(listed) == set(posenc.__all__), f"missing {set(posenc.__all__) - set(listed)}, " \
+                                               f"not public {set(listed) - set(posenc.__all__)}"
+    for name, module in listed.items():
+        assert getattr(getattr(posenc, module), name) is getattr(posenc, name), f"posenc.{name} is not posenc.{module}.{name}"
+    modules = re.findall(r"^   posenc\.(\w+)$", index, flags=re.M)
+    assert modules == public_modules()

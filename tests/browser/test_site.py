@@ -44,3 +44,23 @@ def test_no_widget_view_in_a_built_page_or_its_notebook(site):
             if notebook.exists() and widget_views(notebook):
                 found.append(f"{notebook.relative_to(ROOT)} cells {widget_views(notebook)}")
     assert not found, f"ipywidgets views ({WIDGET_VIEW}) in: {found}"
+
+
+def test_the_api_reference_is_in_the_index_and_the_inventory(site):
+    """Every name of posenc.__all__ is a cross-reference target as posenc.<name> (objects.inv, for other projects'
+    intersphinx) and in the general index, beside its home module's entry."""
+    import posixpath
+
+    from sphinx.util.inventory import InventoryFile
+
+    import posenc
+
+    with open(site / "objects.inv", "rb") as stream:
+        inventory = InventoryFile.load(stream, "", posixpath.join)
+    targets = {name for entries in inventory.values() for name in entries}
+    missing = [name for name in posenc.__all__ if f"posenc.{name}" not in targets]
+    assert not missing, f"objects.inv lacks posenc.{missing}"
+    assert "posenc.rope.RotaryEmbedding.forward" in targets
+    genindex = (site / "genindex.html").read_text()
+    for entry in ('book/api/rope.html#posenc.rope.rotate"', "RotaryEmbedding (class in posenc.rope)"):
+        assert entry in genindex, f"genindex.html lacks {entry!r}"
