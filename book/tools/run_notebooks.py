@@ -52,7 +52,10 @@ WIDGET_VIEW = "application/vnd.jupyter.widget-view+json"
 def kernel_env(figures: str, threads: int) -> dict:
     if figures not in FIGURE_MODES:
         raise ValueError(f"figures must be one of {FIGURE_MODES}, got {figures!r}")
-    env = {**os.environ, **KERNEL_ENV, "POSENC_FIGURES": figures,
+    # the kernels start in notebooks/: PYTHONPATH makes them import this checkout's posenc, also where the venv's
+    # editable install points at another checkout (a git worktree sharing the venv)
+    path = os.pathsep.join(filter(None, [str(ROOT), os.environ.get("PYTHONPATH", "")]))
+    env = {**os.environ, **KERNEL_ENV, "POSENC_FIGURES": figures, "PYTHONPATH": path,
            "OMP_NUM_THREADS": str(threads), "MKL_NUM_THREADS": str(threads)}
     if figures == "live":
         env.pop("MPLBACKEND")

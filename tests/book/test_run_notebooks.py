@@ -99,6 +99,7 @@ def test_a_widget_view_fails_a_static_run(scratch):
 def test_kernels_are_quiet_and_local():
     env = run_notebooks.kernel_env("static", 1)
     assert env["TQDM_DISABLE"] == "1" and env["HF_HUB_DISABLE_PROGRESS_BARS"] == "1"
+    assert env["PYTHONPATH"].split(os.pathsep)[0] == str(run_notebooks.ROOT)  # this checkout's posenc, not another's
     config = run_notebooks.kernel_config()
     if os.name != "nt":
         assert config.KernelManager.transport == "ipc"
