@@ -1,5 +1,6 @@
 """Side-by-side timing: the contenders' repetitions are interleaved, so a slow spell of a shared machine
 falls on all of them alike, and every reported figure is a ratio taken within one round."""
+
 from __future__ import annotations
 
 import gc
@@ -27,8 +28,9 @@ def time_call(function: Callable, sync: Callable[[], None]) -> float:
     return elapsed
 
 
-def interleaved(contenders: dict[str, Callable], rounds: int, sync: Callable[[], None],
-                prepare: dict[str, Callable] | None = None) -> dict[str, list[float]]:
+def interleaved(
+    contenders: dict[str, Callable], rounds: int, sync: Callable[[], None], prepare: dict[str, Callable] | None = None
+) -> dict[str, list[float]]:
     """``rounds`` rounds; in each, every contender runs once, in an order rotated from round to round.
 
     ``prepare[name]()`` (untimed) returns the function to time, for contenders that need fresh inputs
@@ -37,7 +39,7 @@ def interleaved(contenders: dict[str, Callable], rounds: int, sync: Callable[[],
     names = list(contenders)
     times: dict[str, list[float]] = {name: [] for name in names}
     for r in range(rounds):
-        for name in names[r % len(names):] + names[: r % len(names)]:
+        for name in names[r % len(names) :] + names[: r % len(names)]:
             function = prepare[name]() if prepare and name in prepare else contenders[name]
             gc.collect()
             times[name].append(time_call(function, sync))

@@ -4,6 +4,7 @@ Every encoding function takes ``positions`` of shape ``(L,)`` or ``(B, L)`` and 
 Two measurements help compare them: :func:`consecutive_distances` (how far one step moves the encoding) and
 :func:`sinusoidal_dot_product` (the sinusoidal dot product as a function of the offset alone).
 """
+
 from __future__ import annotations
 
 import torch
@@ -40,8 +41,10 @@ def binary_encoding(positions, bits: int, dtype=torch.float32, wrap: bool = Fals
         if low < 0:
             raise ValueError(f"positions must be >= 0 for a binary encoding, got {low}")
         if high >= 2**bits and not wrap:
-            raise ValueError(f"positions must be < 2**bits = {2**bits} for bits={bits}, got {high} (it would share "
-                             f"its code with {high % 2**bits}); use more bits, or wrap=True to wrap on purpose")
+            raise ValueError(
+                f"positions must be < 2**bits = {2**bits} for bits={bits}, got {high} (it would share "
+                f"its code with {high % 2**bits}); use more bits, or wrap=True to wrap on purpose"
+            )
     powers = 2 ** torch.arange(bits, device=positions.device)
     return ((positions[..., None] // powers) % 2).to(dtype)
 
@@ -53,8 +56,9 @@ def sinusoidal_frequencies(dim: int, base: float = 10_000.0, device=None, dtype=
     return base ** (-torch.arange(0, dim, 2, device=device, dtype=dtype) / dim)
 
 
-def sinusoidal_encoding(positions, dim: int, base: float = 10_000.0, layout: str = "interleaved",
-                        dtype=torch.float32) -> torch.Tensor:
+def sinusoidal_encoding(
+    positions, dim: int, base: float = 10_000.0, layout: str = "interleaved", dtype=torch.float32
+) -> torch.Tensor:
     """The Transformer's sinusoidal table: ``(*P, L, dim)``.
 
     ``layout="interleaved"``: ``PE[p, 2i] = sin(p omega_i)``, ``PE[p, 2i+1] = cos(p omega_i)`` (Vaswani et al.);

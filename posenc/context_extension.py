@@ -8,6 +8,7 @@ Numerics: nothing here subtracts nearly equal numbers to get a small result. ``y
 exact near the edge in absolute terms (its rounding error is a few ulp of ``r``, far below the ramp's step), and
 ``tradeoffs`` compares tables with a relative tolerance, never with ``==``.
 """
+
 from __future__ import annotations
 
 import math
@@ -15,7 +16,6 @@ import math
 import torch
 
 from ._checks import check_head_dim, check_inv_freq, require_int, require_positive_number, require_tensor
-
 
 # LongRoPE factors searched for a real model: the ``rope_scaling`` of the config of Phi-3-vision-128k-instruct
 # (head dimension 3072 / 32 = 96, so 48 pairs; base 10000; original context 4096; max_position_embeddings 131072;
@@ -26,27 +26,104 @@ PHI3_VISION_128K = {
     "original_max_position_embeddings": 4096,
     "max_position_embeddings": 131072,
     "long_factor": [
-    1.0299999713897705, 1.0499999523162842, 1.0499999523162842, 1.0799999237060547, 1.2299998998641968,
-    1.2299998998641968, 1.2999999523162842, 1.4499999284744263, 1.5999999046325684, 1.6499998569488525,
-    1.8999998569488525, 2.859999895095825, 3.68999981880188, 5.419999599456787, 5.489999771118164,
-    5.489999771118164, 9.09000015258789, 11.579999923706055, 15.65999984741211, 15.769999504089355,
-    15.789999961853027, 18.360000610351562, 21.989999771118164, 23.079999923706055, 30.009998321533203,
-    32.35000228881836, 32.590003967285156, 35.56000518798828, 39.95000457763672, 53.840003967285156,
-    56.20000457763672, 57.95000457763672, 59.29000473022461, 59.77000427246094, 59.920005798339844,
-    61.190006256103516, 61.96000671386719, 62.50000762939453, 63.3700065612793, 63.48000717163086,
-    63.48000717163086, 63.66000747680664, 63.850006103515625, 64.08000946044922, 64.760009765625,
-    64.80001068115234, 64.81001281738281, 64.81001281738281,
+        1.0299999713897705,
+        1.0499999523162842,
+        1.0499999523162842,
+        1.0799999237060547,
+        1.2299998998641968,
+        1.2299998998641968,
+        1.2999999523162842,
+        1.4499999284744263,
+        1.5999999046325684,
+        1.6499998569488525,
+        1.8999998569488525,
+        2.859999895095825,
+        3.68999981880188,
+        5.419999599456787,
+        5.489999771118164,
+        5.489999771118164,
+        9.09000015258789,
+        11.579999923706055,
+        15.65999984741211,
+        15.769999504089355,
+        15.789999961853027,
+        18.360000610351562,
+        21.989999771118164,
+        23.079999923706055,
+        30.009998321533203,
+        32.35000228881836,
+        32.590003967285156,
+        35.56000518798828,
+        39.95000457763672,
+        53.840003967285156,
+        56.20000457763672,
+        57.95000457763672,
+        59.29000473022461,
+        59.77000427246094,
+        59.920005798339844,
+        61.190006256103516,
+        61.96000671386719,
+        62.50000762939453,
+        63.3700065612793,
+        63.48000717163086,
+        63.48000717163086,
+        63.66000747680664,
+        63.850006103515625,
+        64.08000946044922,
+        64.760009765625,
+        64.80001068115234,
+        64.81001281738281,
+        64.81001281738281,
     ],
     "short_factor": [
-    1.05, 1.05, 1.05, 1.1, 1.1, 1.1, 1.2500000000000002, 1.2500000000000002, 1.4000000000000004,
-    1.4500000000000004, 1.5500000000000005, 1.8500000000000008, 1.9000000000000008, 2.000000000000001,
-    2.000000000000001, 2.000000000000001, 2.000000000000001, 2.000000000000001, 2.000000000000001,
-    2.000000000000001, 2.000000000000001, 2.000000000000001, 2.000000000000001, 2.000000000000001,
-    2.000000000000001, 2.000000000000001, 2.000000000000001, 2.000000000000001, 2.000000000000001,
-    2.000000000000001, 2.000000000000001, 2.000000000000001, 2.1000000000000005, 2.1000000000000005, 2.2,
-    2.3499999999999996, 2.3499999999999996, 2.3499999999999996, 2.3499999999999996, 2.3999999999999995,
-    2.3999999999999995, 2.6499999999999986, 2.6999999999999984, 2.8999999999999977, 2.9499999999999975,
-    3.049999999999997, 3.049999999999997, 3.049999999999997,
+        1.05,
+        1.05,
+        1.05,
+        1.1,
+        1.1,
+        1.1,
+        1.2500000000000002,
+        1.2500000000000002,
+        1.4000000000000004,
+        1.4500000000000004,
+        1.5500000000000005,
+        1.8500000000000008,
+        1.9000000000000008,
+        2.000000000000001,
+        2.000000000000001,
+        2.000000000000001,
+        2.000000000000001,
+        2.000000000000001,
+        2.000000000000001,
+        2.000000000000001,
+        2.000000000000001,
+        2.000000000000001,
+        2.000000000000001,
+        2.000000000000001,
+        2.000000000000001,
+        2.000000000000001,
+        2.000000000000001,
+        2.000000000000001,
+        2.000000000000001,
+        2.000000000000001,
+        2.000000000000001,
+        2.000000000000001,
+        2.1000000000000005,
+        2.1000000000000005,
+        2.2,
+        2.3499999999999996,
+        2.3499999999999996,
+        2.3499999999999996,
+        2.3499999999999996,
+        2.3999999999999995,
+        2.3999999999999995,
+        2.6499999999999986,
+        2.6999999999999984,
+        2.8999999999999977,
+        2.9499999999999975,
+        3.049999999999997,
+        3.049999999999997,
+        3.049999999999997,
     ],
 }
 
@@ -75,8 +152,9 @@ def yarn_ramp(r: torch.Tensor, alpha: float = 1.0, beta: float = 32.0) -> torch.
     return ((r.double() - alpha) / (beta - alpha)).clamp(0, 1)
 
 
-def unseen_arc(inv_freq: torch.Tensor, trained_inv_freq: torch.Tensor, trained_length: int,
-               length: int) -> torch.Tensor:
+def unseen_arc(
+    inv_freq: torch.Tensor, trained_inv_freq: torch.Tensor, trained_length: int, length: int
+) -> torch.Tensor:
     """Per pair, the arc swept over ``length`` positions with ``inv_freq`` divided by the arc swept over
     ``trained_length`` positions with ``trained_inv_freq``, each capped at one full turn: ``(P,)``.
 
@@ -86,8 +164,9 @@ def unseen_arc(inv_freq: torch.Tensor, trained_inv_freq: torch.Tensor, trained_l
     require_int("length", length, minimum=1)
     new, old = _table("inv_freq", inv_freq), _table("trained_inv_freq", trained_inv_freq)
     if new.shape != old.shape:
-        raise ValueError(f"inv_freq and trained_inv_freq must have the same shape, got {tuple(new.shape)} "
-                         f"and {tuple(old.shape)}")
+        raise ValueError(
+            f"inv_freq and trained_inv_freq must have the same shape, got {tuple(new.shape)} and {tuple(old.shape)}"
+        )
     full_turn = 2 * math.pi
     return (length * new).clamp(max=full_turn) / (trained_length * old).clamp(max=full_turn)
 
@@ -124,8 +203,9 @@ def extrapolation_bound(head_dim: int, base: float, critical_dimension: int) -> 
     return 2 * math.pi * require_positive_number("base", base) ** (critical_dimension / head_dim)
 
 
-def tradeoffs(inv_freq: torch.Tensor, trained_inv_freq: torch.Tensor, trained_length: int, length: int,
-              rtol: float = 1e-4) -> dict[str, float]:
+def tradeoffs(
+    inv_freq: torch.Tensor, trained_inv_freq: torch.Tensor, trained_length: int, length: int, rtol: float = 1e-4
+) -> dict[str, float]:
     """Resolution against reach of a table used up to ``length`` by a model trained with ``trained_inv_freq``
     up to ``trained_length``:
 

@@ -16,12 +16,21 @@ Every constructor builds in float64 and returns ``dtype`` (default float32). Fea
 :func:`~posenc.group_encodings.multi_parameter_group`; the family of any generator is
 :func:`posenc.jordan.classify_generator`.
 """
+
 from __future__ import annotations
 
 import torch
 
-from ._checks import (_inspectable, check_frequencies, check_generator, check_head_dim, check_inv_freq, require_int,
-                      require_positive_number, require_tensor)
+from ._checks import (
+    _inspectable,
+    check_frequencies,
+    check_generator,
+    check_head_dim,
+    check_inv_freq,
+    require_int,
+    require_positive_number,
+    require_tensor,
+)
 from .group_encodings import check_commuting
 from .rope import pair_indices
 from .rope_types import rope_frequencies
@@ -57,8 +66,9 @@ def rope_generators(frequencies: torch.Tensor, layout: str = "half", head_dim: i
     if head_dim < 2 * n_pairs:
         raise ValueError(f"head_dim must be >= 2 * P = {2 * n_pairs}, got {head_dim}")
     planes = pair_indices(2 * n_pairs, layout)  # partial rotary: only the first 2P features turn, as in apply_rope
-    return torch.stack([plane_generator(head_dim, planes, frequencies[:, axis])
-                        for axis in range(frequencies.shape[1])])
+    return torch.stack(
+        [plane_generator(head_dim, planes, frequencies[:, axis]) for axis in range(frequencies.shape[1])]
+    )
 
 
 # generators of each family -------------------------------------------------------------------------------------
@@ -78,8 +88,9 @@ def _rotation_generator(head_dim, frequencies, damping, layout, dtype, device):
     return generator.to(dtype)
 
 
-def rope_generator(head_dim: int, base: float = 10_000.0, layout: str = "half", inv_freq=None,
-                   dtype=torch.float32, device=None) -> torch.Tensor:
+def rope_generator(
+    head_dim: int, base: float = 10_000.0, layout: str = "half", inv_freq=None, dtype=torch.float32, device=None
+) -> torch.Tensor:
     """RoPE as a generator: block skew-symmetric ``(D, D)``, pair ``j`` is ``theta_j [[0, -1], [1, 0]]``.
 
     ``exp(tX)`` equals :func:`posenc.rope_matrix` ``(t, inv_freq, layout)``. ``inv_freq`` ``(D/2,)`` overrides the
@@ -99,8 +110,14 @@ def xpos_scales(head_dim: int) -> torch.Tensor:
     return (2 * pairs + 0.4 * head_dim) / (1.4 * head_dim)
 
 
-def xpos_generator(head_dim: int, base: float = 10_000.0, scale_base: float = 512, layout: str = "half",
-                   dtype=torch.float32, device=None) -> torch.Tensor:
+def xpos_generator(
+    head_dim: int,
+    base: float = 10_000.0,
+    scale_base: float = 512,
+    layout: str = "half",
+    dtype=torch.float32,
+    device=None,
+) -> torch.Tensor:
     """xPos as a damped rotation: pair ``j`` has eigenvalues ``ln(zeta_j) / B +- i theta_j`` (``B = scale_base``).
 
     ``F(n) = exp(nX)`` is RoPE at ``n`` times ``zeta_j^(n/B)`` (the xPos query) and ``G(m) = F(m)^{-T}`` is RoPE at
@@ -110,8 +127,9 @@ def xpos_generator(head_dim: int, base: float = 10_000.0, scale_base: float = 51
     # ln(zeta_j) = log1p(-(D - 2j) / (1.4 D)): the last zeta_j lie close to 1, where log(zeta) would first round
     # zeta to float64 and then amplify that error by 1 / |ln zeta| (about 2e-14 relative at D = 64); log1p does not
     pairs = torch.arange(head_dim // 2, dtype=torch.float64)
-    damping = torch.log1p(-(head_dim - 2 * pairs) / (1.4 * head_dim)) / require_positive_number("scale_base",
-                                                                                                  scale_base)
+    damping = torch.log1p(-(head_dim - 2 * pairs) / (1.4 * head_dim)) / require_positive_number(
+        "scale_base", scale_base
+    )
     return _rotation_generator(head_dim, _rope_inv_freq(head_dim, base, device), damping, layout, dtype, device)
 
 
@@ -131,8 +149,9 @@ def retnet_decays(n_heads: int) -> torch.Tensor:
     return 1 - 2.0 ** (-5 - torch.arange(n_heads, dtype=torch.float64))
 
 
-def damped_rope_generator(head_dim: int, decay, base: float = 10_000.0, layout: str = "half",
-                          dtype=torch.float32, device=None) -> torch.Tensor:
+def damped_rope_generator(
+    head_dim: int, decay, base: float = 10_000.0, layout: str = "half", dtype=torch.float32, device=None
+) -> torch.Tensor:
     """RetNet-style damped RoPE: pair ``j`` has eigenvalues ``ln(gamma) +- i theta_j``.
 
     ``decay``: ``gamma`` in ``(0, 1]``, a number or a tensor ``(D/2,)`` (one per pair). The logit of a query at
@@ -143,8 +162,9 @@ def damped_rope_generator(head_dim: int, decay, base: float = 10_000.0, layout: 
     gamma = _per_entry("decay", decay, head_dim // 2)
     if not bool(((gamma > 0) & (gamma <= 1)).all()):
         raise ValueError(f"decay must lie in (0, 1] (gamma^(n - m) damps the past), got {decay}")
-    return _rotation_generator(head_dim, _rope_inv_freq(head_dim, base, device), torch.log(gamma), layout, dtype,
-                               device)
+    return _rotation_generator(
+        head_dim, _rope_inv_freq(head_dim, base, device), torch.log(gamma), layout, dtype, device
+    )
 
 
 def decay_generator(dim: int, rates, dtype=torch.float32, device=None) -> torch.Tensor:
@@ -162,8 +182,15 @@ def copy_frequencies(copies: int, base: float = 10_000.0) -> torch.Tensor:
     return require_positive_number("base", base) ** (-torch.arange(copies, dtype=torch.float64) / copies)
 
 
-def jordan_generator(head_dim: int, eigenvalue=0.0, frequency=None, block: int = 2, base: float = 10_000.0,
-                     dtype=torch.float32, device=None) -> torch.Tensor:
+def jordan_generator(
+    head_dim: int,
+    eigenvalue=0.0,
+    frequency=None,
+    block: int = 2,
+    base: float = 10_000.0,
+    dtype=torch.float32,
+    device=None,
+) -> torch.Tensor:
     """Copies of one Jordan block, so ``exp(tX)`` is ``e^{at}`` (times a rotation) times a polynomial in ``t``.
 
     With ``block >= 2`` and ``eigenvalue <= 0``, ``frequency = 0`` gives the family ``real jordan`` (unipotent for
@@ -185,14 +212,16 @@ def jordan_generator(head_dim: int, eigenvalue=0.0, frequency=None, block: int =
     real = frequency is not None and not isinstance(frequency, torch.Tensor) and float(frequency) == 0.0
     width = block if real else 2 * block
     if head_dim % width:
-        raise ValueError(f"head_dim must be a multiple of {width} (copies of a {width} x {width} block), "
-                         f"got {head_dim}")
+        raise ValueError(
+            f"head_dim must be a multiple of {width} (copies of a {width} x {width} block), got {head_dim}"
+        )
     copies = head_dim // width
     if frequency is None:
         frequency = copy_frequencies(copies, base)
     blocks = []
-    for a, b in zip(_per_entry("eigenvalue", eigenvalue, copies).tolist(),
-                    _per_entry("frequency", frequency, copies).tolist()):
+    for a, b in zip(
+        _per_entry("eigenvalue", eigenvalue, copies).tolist(), _per_entry("frequency", frequency, copies).tolist()
+    ):
         if real:
             diagonal, step = torch.tensor([[a]], dtype=torch.float64), torch.eye(1, dtype=torch.float64)
         else:
@@ -238,9 +267,9 @@ def window_bias_generator(bias: torch.Tensor):
     half = period // 2
     offsets = torch.arange(-half, half + 1, dtype=torch.float64, device=bias.device)
     frequencies = 2 * torch.pi * torch.arange(half + 1, dtype=torch.float64, device=bias.device) / period
-    angles = frequencies[:, None] * offsets[None, :]                               # (L + 1, 2L + 1)
+    angles = frequencies[:, None] * offsets[None, :]  # (L + 1, 2L + 1)
     weight = torch.full((half + 1,), 2.0 / period, dtype=torch.float64, device=bias.device)
-    weight[0] = 1.0 / period                                                       # the constant term is not doubled
+    weight[0] = 1.0 / period  # the constant term is not doubled
     cos_coef = weight * (torch.cos(angles) @ values)
     sin_coef = weight * (torch.sin(angles) @ values)
     # q^T R(w Delta)^T k with k = (1, 0) and q = (a, b) is a cos(w Delta) - b sin(w Delta)
@@ -307,8 +336,9 @@ def common_torus(generators: torch.Tensor, tol: float = TORUS_TOL, seed: int = 0
         kernel, _ = torch.linalg.qr(kernel)
     basis = torch.cat(([torch.stack(columns, dim=1)] if columns else []) + [kernel], dim=1)
     if basis.shape[1] != dim:
-        raise ValueError(f"could not split R^{dim} into planes and a kernel (found {basis.shape[1]} directions); "
-                         "try another seed")
+        raise ValueError(
+            f"could not split R^{dim} into planes and a kernel (found {basis.shape[1]} directions); try another seed"
+        )
     blocks = basis.T @ x @ basis
     first, second = torch.arange(0, 2 * planes, 2), torch.arange(1, 2 * planes, 2)
     frequencies = (blocks[:, second, first] - blocks[:, first, second]) / 2
@@ -316,12 +346,28 @@ def common_torus(generators: torch.Tensor, tol: float = TORUS_TOL, seed: int = 0
     rebuilt[:, second, first], rebuilt[:, first, second] = frequencies, -frequencies
     residual = torch.linalg.matrix_norm(blocks - rebuilt)
     if bool((residual > tol * norms.clamp(min=torch.finfo(torch.float64).tiny)).any()):
-        raise ValueError(f"no common block-diagonal basis within tol = {tol:g} (residual "
-                         f"{(residual / norms).max().item():.1e}): two planes are too close under the random "
-                         "combination; try another seed")
+        raise ValueError(
+            f"no common block-diagonal basis within tol = {tol:g} (residual "
+            f"{(residual / norms).max().item():.1e}): two planes are too close under the random "
+            "combination; try another seed"
+        )
     return basis, frequencies
 
 
-__all__ = ["plane_generator", "rope_generator", "rope_generators", "xpos_scales", "xpos_generator", "retnet_decays",
-           "damped_rope_generator", "decay_generator", "copy_frequencies", "jordan_generator", "alibi_generator",
-           "alibi_vectors", "window_bias_generator", "TORUS_TOL", "common_torus"]
+__all__ = [
+    "plane_generator",
+    "rope_generator",
+    "rope_generators",
+    "xpos_scales",
+    "xpos_generator",
+    "retnet_decays",
+    "damped_rope_generator",
+    "decay_generator",
+    "copy_frequencies",
+    "jordan_generator",
+    "alibi_generator",
+    "alibi_vectors",
+    "window_bias_generator",
+    "TORUS_TOL",
+    "common_torus",
+]

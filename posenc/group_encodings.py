@@ -20,6 +20,7 @@ N-D positions are ``(..., n)`` for ``n`` generators ``(n, D, D)``.
 Maps are computed with :func:`torch.linalg.matrix_exp` in the generator's dtype promoted to at least float32,
 on the generator's device.
 """
+
 from __future__ import annotations
 
 import math
@@ -135,8 +136,9 @@ def _check_generators(generators) -> torch.Tensor:
     return generators if generators.is_floating_point() else generators.float()
 
 
-def multi_parameter_group(generators: torch.Tensor, positions, check: bool = True, tol: float = COMMUTING_TOL,
-                          sequential: bool = False) -> torch.Tensor:
+def multi_parameter_group(
+    generators: torch.Tensor, positions, check: bool = True, tol: float = COMMUTING_TOL, sequential: bool = False
+) -> torch.Tensor:
     """The Lie view ``A(p) = exp(sum_i p_i X_i)``: ``generators`` ``(n, D, D)``, ``positions`` ``(..., n)`` ->
     ``(..., D, D)``, in the promoted dtype of both (at least float32), on the generators' device.
 
@@ -182,14 +184,20 @@ def _check_qk(name: str, x, head_dim: int, positions: torch.Tensor, per_head: in
     if x.ndim < 2 or x.shape[-1] != head_dim:
         raise ValueError(f"{name} must have shape (..., L, {head_dim}), got shape {tuple(x.shape)}")
     if positions.shape[-1] != x.shape[-2]:
-        raise ValueError(f"{name}_positions must have length {x.shape[-2]} (the length of {name}), "
-                         f"got shape {tuple(positions.shape)}")
+        raise ValueError(
+            f"{name}_positions must have length {x.shape[-2]} (the length of {name}), "
+            f"got shape {tuple(positions.shape)}"
+        )
     if positions.ndim == 2 and (x.ndim not in (3, 4) or positions.shape[0] not in (1, x.shape[0])):
-        raise ValueError(f"{name} must have shape (B, H, L, D) or (B, L, D) with B = {positions.shape[0]} for "
-                         f"batched {name}_positions, got shape {tuple(x.shape)}")
+        raise ValueError(
+            f"{name} must have shape (B, H, L, D) or (B, L, D) with B = {positions.shape[0]} for "
+            f"batched {name}_positions, got shape {tuple(x.shape)}"
+        )
     if per_head is not None and (x.ndim < 3 or x.shape[-3] != per_head):
-        raise ValueError(f"{name} must have shape (..., H, L, D) with H = {per_head} (one generator per head), "
-                         f"got shape {tuple(x.shape)}")
+        raise ValueError(
+            f"{name} must have shape (..., H, L, D) with H = {per_head} (one generator per head), "
+            f"got shape {tuple(x.shape)}"
+        )
 
 
 def _shared_rows(positions: torch.Tensor) -> torch.Tensor:
@@ -278,8 +286,9 @@ class MultiGroupEncoding(_MapsEncoding):
     non-commuting ones (LieRE's learned dense skew generators), which are not relative.
     """
 
-    def __init__(self, generators: torch.Tensor, learnable: bool = False, check: bool = True,
-                 tol: float = COMMUTING_TOL):
+    def __init__(
+        self, generators: torch.Tensor, learnable: bool = False, check: bool = True, tol: float = COMMUTING_TOL
+    ):
         super().__init__()
         generators = _check_generators(generators)
         if check:
@@ -293,15 +302,17 @@ class MultiGroupEncoding(_MapsEncoding):
 
     def query_maps(self, positions, sign: float = 1.0) -> torch.Tensor:
         """``F(p)`` for ``positions`` ``(..., L, n)``: ``(..., L, D, D)``."""
-        return multi_parameter_group(self.generators, sign * check_times("positions", positions,
-                                                                         self.generators.device), check=False)
+        return multi_parameter_group(
+            self.generators, sign * check_times("positions", positions, self.generators.device), check=False
+        )
 
     def _check_nd(self, name, positions):
         positions = check_times(f"{name}_positions", positions, self.generators.device)
         n = self.generators.shape[0]
         if positions.ndim not in (2, 3) or positions.shape[-1] != n:
-            raise ValueError(f"{name}_positions must have shape (L, {n}) or (B, L, {n}), "
-                             f"got shape {tuple(positions.shape)}")
+            raise ValueError(
+                f"{name}_positions must have shape (L, {n}) or (B, L, {n}), got shape {tuple(positions.shape)}"
+            )
         return positions
 
     def encode_qk(self, q, k, q_positions, k_positions):
@@ -323,6 +334,13 @@ def relative_kernel(generator: torch.Tensor, offsets) -> torch.Tensor:
 
 
 __all__ = [
-    "COMMUTING_TOL", "GRID_MIN_TIMES", "one_parameter_group", "commutator", "check_commuting",
-    "multi_parameter_group", "GroupEncoding", "MultiGroupEncoding", "relative_kernel",
+    "COMMUTING_TOL",
+    "GRID_MIN_TIMES",
+    "one_parameter_group",
+    "commutator",
+    "check_commuting",
+    "multi_parameter_group",
+    "GroupEncoding",
+    "MultiGroupEncoding",
+    "relative_kernel",
 ]

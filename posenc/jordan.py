@@ -55,6 +55,7 @@ Jordan block, and in float32 the slowest frequencies of an ill-conditioned gener
 ``jordan_generator(16)`` in float32 (copies at frequencies 1, 0.1, 0.01, 0.001) reports its slowest copy as rotations,
 while its float64 version classifies correctly; cast such generators to float64 first.
 """
+
 from __future__ import annotations
 
 from dataclasses import dataclass
@@ -70,8 +71,9 @@ from ._checks import check_generator
 LINK_SAFETY = 1e3
 
 #: For a normal generator and the default ``tol``, eigenvalues closer than
-#: ``NORMAL_SAFETY * (eps * ||X||_F + D * eps_64 * ||X||_2)`` are one eigenvalue, and real or imaginary parts below it are zero (``eps`` of the generator's dtype; see
-#: :func:`classify_generator`). An explicit ``tol`` replaces it by ``tol * ||X||_2``.
+#: ``NORMAL_SAFETY * (eps * ||X||_F + D * eps_64 * ||X||_2)`` are one eigenvalue, and real or imaginary parts
+#: below it are zero (``eps`` of the generator's dtype; see :func:`classify_generator`). An explicit ``tol``
+#: replaces it by ``tol * ||X||_2``.
 NORMAL_SAFETY = 4.0
 
 #: Family -> (what exp(tX) does on the block, encodings of that family).
@@ -81,8 +83,7 @@ FAMILIES = {
     "growth": ("e^{ut} (R(wt)), u > 0: unbounded", "rejected as unstable"),
     "rotation": ("R(wt)", "RoPE"),
     "damped rotation": ("e^{ut} R(wt), u < 0", "xPos, RetNet"),
-    "real jordan": ("e^{ut} x polynomial of degree k-1 in t, u <= 0 real (u = 0: unipotent)",
-                    "ALiBi (u = 0, k = 2)"),
+    "real jordan": ("e^{ut} x polynomial of degree k-1 in t, u <= 0 real (u = 0: unipotent)", "ALiBi (u = 0, k = 2)"),
     "jordan": ("e^{ut} R(wt) x polynomial of degree k-1 in t, u <= 0, w > 0", "exotic (complex Jordan blocks)"),
 }
 
@@ -199,8 +200,11 @@ def _valid_structure(nullities: list[int], m: int) -> bool:
 def _block_sizes(nullities: list[int]) -> dict[int, int]:
     """Jordan size -> number of blocks, from ``n_j``: blocks of size >= j are ``n_j - n_{j-1}``."""
     at_least = [b - a for a, b in zip(nullities, nullities[1:])] + [0]
-    return {size: at_least[size - 1] - at_least[size] for size in range(1, len(nullities))
-            if at_least[size - 1] - at_least[size]}
+    return {
+        size: at_least[size - 1] - at_least[size]
+        for size in range(1, len(nullities))
+        if at_least[size - 1] - at_least[size]
+    }
 
 
 def _resolve(x, values, links, indices, cap, floor, tol, found):
@@ -297,8 +301,10 @@ def classify_generator(generator: torch.Tensor, tol: float | None = None) -> lis
     blocks = [JordanBlock(family_of(mu, size), mu, size, count) for (mu, size), count in counts.items()]
     covered = sum(block.real_size * block.multiplicity for block in blocks)
     if covered != dim:
-        raise ValueError(f"the blocks found cover {covered} of {dim} dimensions: the generator is too close to a "
-                         f"boundary between Jordan structures for tol={tol:g}; try another tol")
+        raise ValueError(
+            f"the blocks found cover {covered} of {dim} dimensions: the generator is too close to a "
+            f"boundary between Jordan structures for tol={tol:g}; try another tol"
+        )
     order = list(FAMILIES)
     return sorted(blocks, key=lambda b: (order.index(b.family), b.size, b.eigenvalue.imag, b.eigenvalue.real))
 
@@ -317,10 +323,21 @@ def summarize(blocks: list[JordanBlock]) -> str:
     dims = families(blocks)
     lines.append("families: " + ", ".join(f"{name} ({dims[name]} dims, {FAMILIES[name][1]})" for name in dims))
     unstable = [b for b in blocks if not b.bounded]
-    lines.append("bounded for t -> +inf: " + ("yes" if not unstable else
-                                              "no (" + ", ".join(sorted({b.family for b in unstable})) + ")"))
+    lines.append(
+        "bounded for t -> +inf: "
+        + ("yes" if not unstable else "no (" + ", ".join(sorted({b.family for b in unstable})) + ")")
+    )
     return "\n".join(lines)
 
 
-__all__ = ["LINK_SAFETY", "NORMAL_SAFETY", "FAMILIES", "JordanBlock", "default_tolerance", "family_of",
-           "classify_generator", "families", "summarize"]
+__all__ = [
+    "LINK_SAFETY",
+    "NORMAL_SAFETY",
+    "FAMILIES",
+    "JordanBlock",
+    "default_tolerance",
+    "family_of",
+    "classify_generator",
+    "families",
+    "summarize",
+]

@@ -18,16 +18,25 @@ Shapes used throughout:
 * ``x``: ``(..., L, D)`` as in :mod:`posenc.rope` (``(B, H, L, D)`` for heads).
 
 The Lie view writes the rotation at ``p`` as ``exp(sum_a p_a G_a)`` with one skew-symmetric generator per axis
-(:func:`posenc.generators.rope_generators`, :func:`posenc.group_encodings.multi_parameter_group`): axial and mixed RoPE are the case where the
-generators are 2x2 blocks on shared planes, so they commute; generators that do not commute (LieRE, or turning
-overlapping planes one axis after the other) lose the relative property.
+(:func:`posenc.generators.rope_generators`, :func:`posenc.group_encodings.multi_parameter_group`): axial and
+mixed RoPE are the case where the generators are 2x2 blocks on shared planes, so they commute; generators that do
+not commute (LieRE, or turning overlapping planes one axis after the other) lose the relative property.
 """
+
 from __future__ import annotations
 
 import torch
 
-from ._checks import (as_coordinates, check_frequencies, check_head_dim, check_layout, check_seq_dim, require_int,
-                      require_positive_number, require_tensor)
+from ._checks import (
+    as_coordinates,
+    check_frequencies,
+    check_head_dim,
+    check_layout,
+    check_seq_dim,
+    require_int,
+    require_positive_number,
+    require_tensor,
+)
 from .encodings import PositionalEncoding
 from .rope import apply_rope
 from .rope_types import rope_frequencies
@@ -53,8 +62,9 @@ def _check_head(head_dim: int, n_axes: int) -> None:
     require_int("n_axes", n_axes, minimum=1)
     check_head_dim(head_dim)
     if head_dim % (2 * n_axes):
-        raise ValueError(f"head_dim must be a multiple of 2 * n_axes = {2 * n_axes} (equal pairs per axis), "
-                         f"got {head_dim}")
+        raise ValueError(
+            f"head_dim must be a multiple of 2 * n_axes = {2 * n_axes} (equal pairs per axis), got {head_dim}"
+        )
 
 
 def directed_frequencies(head_dim: int, directions: torch.Tensor, base: float = DEFAULT_BASE) -> torch.Tensor:
@@ -80,8 +90,9 @@ def axial_frequencies(head_dim: int, n_axes: int = 2, base: float = DEFAULT_BASE
     return directed_frequencies(head_dim, torch.eye(n_axes, device=device), base)
 
 
-def mixed_frequencies(head_dim: int, n_axes: int = 2, base: float = DEFAULT_BASE, generator=None,
-                      device=None) -> torch.Tensor:
+def mixed_frequencies(
+    head_dim: int, n_axes: int = 2, base: float = DEFAULT_BASE, generator=None, device=None
+) -> torch.Tensor:
     """RoPE-Mixed initialisation ``(P, n_axes)``: axial frequencies turned by one random rotation.
 
     The rotation is uniform (Haar) on the rotation group SO(n_axes), determinant +1, never a reflection; in 2-D it
@@ -111,13 +122,20 @@ def nd_rope_angles(positions, frequencies: torch.Tensor) -> torch.Tensor:
 
 
 def nd_rope_cos_sin(positions, frequencies: torch.Tensor):
-    """Half-size tables ``(cos, sin)``, each ``(*B, L, P)``, typed as :func:`nd_rope_angles`, for :func:`posenc.apply_rope`."""
+    """Half-size tables ``(cos, sin)``, each ``(*B, L, P)``, typed as :func:`nd_rope_angles`, for
+    :func:`posenc.apply_rope`."""
     angles = nd_rope_angles(positions, frequencies)
     return angles.cos(), angles.sin()
 
 
-def rotate_nd(x: torch.Tensor, positions: torch.Tensor | list[list[float]], frequencies: torch.Tensor,
-              layout: str = "half", *, seq_dim: int = -2) -> torch.Tensor:
+def rotate_nd(
+    x: torch.Tensor,
+    positions: torch.Tensor | list[list[float]],
+    frequencies: torch.Tensor,
+    layout: str = "half",
+    *,
+    seq_dim: int = -2,
+) -> torch.Tensor:
     """N-D RoPE in one call: ``x`` rotated at ``positions`` with the pairs' frequency vectors.
 
     Args:
@@ -143,8 +161,10 @@ def rotate_nd(x: torch.Tensor, positions: torch.Tensor | list[list[float]], freq
     positions = as_coordinates("positions", positions, frequencies.shape[-1], x.device)
     length = positions.shape[-2]
     if x.ndim >= 2 and x.shape[axis] != length:
-        message = (f"positions have {length} rows but x {tuple(x.shape)} has sequence length {x.shape[axis]} on "
-                   f"axis seq_dim={axis}")
+        message = (
+            f"positions have {length} rows but x {tuple(x.shape)} has sequence length {x.shape[axis]} on "
+            f"axis seq_dim={axis}"
+        )
         other = -3 if axis == -2 else -2
         if x.ndim >= 3 and x.shape[other] == length:
             message += f"; axis {other} has length {length}: pass seq_dim={other}"
@@ -153,8 +173,9 @@ def rotate_nd(x: torch.Tensor, positions: torch.Tensor | list[list[float]], freq
     return apply_rope(x, cos, sin, layout, seq_dim=axis)
 
 
-def mrope_frequencies(head_dim: int, sections, base: float = 10_000.0, interleaved: bool = False,
-                      device=None) -> torch.Tensor:
+def mrope_frequencies(
+    head_dim: int, sections, base: float = 10_000.0, interleaved: bool = False, device=None
+) -> torch.Tensor:
     """M-RoPE frequency table ``(head_dim / 2, len(sections))``: pair ``j`` turns with one axis at ``theta_j``.
 
     ``theta_j`` is the 1-D RoPE ladder of the *whole* head (``rope_frequencies(head_dim)``). ``sections`` gives the
@@ -169,8 +190,9 @@ def mrope_frequencies(head_dim: int, sections, base: float = 10_000.0, interleav
     if not isinstance(sections, list) or not sections or any(section < 0 for section in sections):
         raise ValueError(f"sections must be a list of pair counts per axis, e.g. [16, 24, 24], got {sections!r}")
     if sum(sections) != head_dim // 2:
-        raise ValueError(f"sections must sum to head_dim / 2 = {head_dim // 2} pairs, got {sections} "
-                         f"(sum {sum(sections)})")
+        raise ValueError(
+            f"sections must sum to head_dim / 2 = {head_dim // 2} pairs, got {sections} (sum {sum(sections)})"
+        )
     if interleaved and len(sections) != 3:
         raise ValueError(f"interleaved=True needs three sections (time, height, width), got {sections}")
     magnitudes, _ = rope_frequencies(head_dim, {"rope_theta": float(base)}, device=device)
@@ -180,8 +202,9 @@ def mrope_frequencies(head_dim: int, sections, base: float = 10_000.0, interleav
         for a in (1, 2):
             axis[(pairs % 3 == a) & (pairs < 3 * sections[a])] = a
     else:
-        axis = torch.repeat_interleave(torch.arange(len(sections), device=device),
-                                       torch.tensor(sections, device=device))
+        axis = torch.repeat_interleave(
+            torch.arange(len(sections), device=device), torch.tensor(sections, device=device)
+        )
     table = torch.zeros(head_dim // 2, len(sections), dtype=magnitudes.dtype, device=device)
     table[pairs, axis] = magnitudes
     return table
@@ -241,8 +264,10 @@ def indexed_coordinates(coordinates: torch.Tensor, positions) -> torch.Tensor:
     ``(L,)`` or ``(B, L)`` (ValueError for other shapes, float indices or indices outside ``[0, N)``)."""
     positions = torch.as_tensor(positions, device=coordinates.device)
     if positions.is_floating_point() or positions.ndim not in (1, 2):
-        raise ValueError(f"positions must be integer indices (L,) or (B, L) into coordinates, got "
-                         f"dtype {positions.dtype} and shape {tuple(positions.shape)}")
+        raise ValueError(
+            f"positions must be integer indices (L,) or (B, L) into coordinates, got "
+            f"dtype {positions.dtype} and shape {tuple(positions.shape)}"
+        )
     if positions.numel() and (int(positions.min()) < 0 or int(positions.max()) >= len(coordinates)):
         raise ValueError(f"positions must index coordinates, i.e. lie in [0, {len(coordinates)})")
     return coordinates[positions]
@@ -264,9 +289,18 @@ class NDRoPE(PositionalEncoding):
     kind = "qk"
     _fixed_dtype_buffers = ("weights", "coordinates")  # learnable weights are a Parameter: they follow the model
 
-    def __init__(self, head_dim: int, n_axes: int = 2, variant: str = "axial", base: float = DEFAULT_BASE,
-                 coordinates: torch.Tensor | None = None, learnable: bool | None = None, layout: str = "half",
-                 generator: torch.Generator | None = None, seq_dim: int = -2) -> None:
+    def __init__(
+        self,
+        head_dim: int,
+        n_axes: int = 2,
+        variant: str = "axial",
+        base: float = DEFAULT_BASE,
+        coordinates: torch.Tensor | None = None,
+        learnable: bool | None = None,
+        layout: str = "half",
+        generator: torch.Generator | None = None,
+        seq_dim: int = -2,
+    ) -> None:
         super().__init__()
         if seq_dim not in (-2, -3):
             raise ValueError(f"seq_dim must be -2 ((B, H, L, D)) or -3 ((B, L, H, D)), got {seq_dim!r}")
@@ -314,19 +348,30 @@ class NDRoPE(PositionalEncoding):
         docstring); same shape and dtype."""
         return rotate_nd(x, self.coordinates_of(positions), self.frequencies, self.layout, seq_dim=self.seq_dim)
 
-    def encode_qk(self, q: torch.Tensor, k: torch.Tensor, q_positions: torch.Tensor, k_positions: torch.Tensor
-                  ) -> tuple[torch.Tensor, torch.Tensor]:
+    def encode_qk(
+        self, q: torch.Tensor, k: torch.Tensor, q_positions: torch.Tensor, k_positions: torch.Tensor
+    ) -> tuple[torch.Tensor, torch.Tensor]:
         """``q`` ``(B, H, Lq, D)`` and ``k`` ``(B, H, Lk, D)`` (or ``(B, L, H, D)`` with ``seq_dim=-3``) rotated at
         their positions: ``(q_rot, k_rot)``, shaped and typed like ``q`` and ``k``."""
         return self.rotate(q, q_positions), self.rotate(k, k_positions)
 
     def extra_repr(self) -> str:
-        return (f"variant={self.variant!r}, pairs={self.weights.shape[0]}, n_axes={self.weights.shape[1]}, "
-                f"layout={self.layout!r}, learnable={self.learnable}, seq_dim={self.seq_dim}")
+        return (
+            f"variant={self.variant!r}, pairs={self.weights.shape[0]}, n_axes={self.weights.shape[1]}, "
+            f"layout={self.layout!r}, learnable={self.learnable}, seq_dim={self.seq_dim}"
+        )
 
 
-def fit_score_map(variant: str, target: torch.Tensor, offsets: torch.Tensor, head_dim: int = 32,
-                  base: float = DEFAULT_BASE, steps: int = 200, lr: float = 0.05, seed: int = 0):
+def fit_score_map(
+    variant: str,
+    target: torch.Tensor,
+    offsets: torch.Tensor,
+    head_dim: int = 32,
+    base: float = DEFAULT_BASE,
+    steps: int = 200,
+    lr: float = 0.05,
+    seed: int = 0,
+):
     """Train a learnable :class:`NDRoPE` table and one content vector ``q`` (used as query and key) with Adam so that
     the normalised score ``<R(0) q, R(o) q> / |q|^2`` of a query at the origin against a key at each offset ``o``
     matches ``target`` in mean squared error.
@@ -342,24 +387,48 @@ def fit_score_map(variant: str, target: torch.Tensor, offsets: torch.Tensor, hea
     if target.shape != offsets.shape[:1]:
         raise ValueError(f"target must have shape (N,) = ({offsets.shape[0]},), got {tuple(target.shape)}")
     require_int("steps", steps, minimum=1)
-    encoding = NDRoPE(head_dim, n_axes=offsets.shape[-1], variant=variant, base=base, learnable=True,
-                      generator=torch.Generator().manual_seed(seed))
+    encoding = NDRoPE(
+        head_dim,
+        n_axes=offsets.shape[-1],
+        variant=variant,
+        base=base,
+        learnable=True,
+        generator=torch.Generator().manual_seed(seed),
+    )
     content = torch.nn.Parameter(torch.randn(head_dim, generator=torch.Generator().manual_seed(seed + 1)))
     optimizer = torch.optim.Adam([*encoding.parameters(), content], lr=lr)
     origin = torch.zeros(1, offsets.shape[-1], dtype=offsets.dtype)
     for _ in range(steps):
-        score = (encoding.rotate(content[None], origin) @ encoding.rotate(content.expand(len(offsets), -1), offsets).T)[0]
+        score = (encoding.rotate(content[None], origin) @ encoding.rotate(content.expand(len(offsets), -1), offsets).T)[
+            0
+        ]
         score = score / content.square().sum()
         loss = (score - target).square().mean()
         optimizer.zero_grad()
         loss.backward()
         optimizer.step()
     with torch.no_grad():  # the score and loss of the final parameters
-        score = (encoding.rotate(content[None], origin) @ encoding.rotate(content.expand(len(offsets), -1), offsets).T)[0]
+        score = (encoding.rotate(content[None], origin) @ encoding.rotate(content.expand(len(offsets), -1), offsets).T)[
+            0
+        ]
         score = score / content.square().sum()
         loss = (score - target).square().mean()
     return loss.item(), score, encoding.frequencies.detach(), content.detach()
 
 
-__all__ = ["VARIANTS", "grid_positions", "directed_frequencies", "axial_frequencies", "mixed_frequencies",
-           "nd_rope_angles", "nd_rope_cos_sin", "rotate_nd", "mrope_frequencies", "mrope_positions", "sincos_2d_encoding", "fit_score_map", "indexed_coordinates", "NDRoPE"]
+__all__ = [
+    "VARIANTS",
+    "grid_positions",
+    "directed_frequencies",
+    "axial_frequencies",
+    "mixed_frequencies",
+    "nd_rope_angles",
+    "nd_rope_cos_sin",
+    "rotate_nd",
+    "mrope_frequencies",
+    "mrope_positions",
+    "sincos_2d_encoding",
+    "fit_score_map",
+    "indexed_coordinates",
+    "NDRoPE",
+]

@@ -5,6 +5,7 @@ the past). The RoPE logit is ``<R(m) q, R(n) k> = q^T R(n - m) k``; pair ``i``, 
 ``z_q = q_a + i q_b`` and ``z_k = k_a + i k_b``, contributes ``Re(z_q conj(z_k) exp(i distance theta_i))``
 (RoFormer's convention, as chapter 6 writes it).
 """
+
 from __future__ import annotations
 
 import math
@@ -26,8 +27,9 @@ def relative_upper_bound(distances, inv_freq: torch.Tensor) -> torch.Tensor:
     distances = as_float64("distances", distances, inv_freq.device)
     if distances.ndim != 1:
         raise ValueError(f"distances must have shape (N,), got {tuple(distances.shape)}")
-    phases = torch.polar(torch.ones((), dtype=torch.float64, device=inv_freq.device),
-                         distances[:, None] * inv_freq.double())  # (N, P)
+    phases = torch.polar(
+        torch.ones((), dtype=torch.float64, device=inv_freq.device), distances[:, None] * inv_freq.double()
+    )  # (N, P)
     partial_sums = phases.cumsum(-1)  # S_1 .. S_P: S_j sums the first j phases
     return partial_sums.abs().mean(-1)
 
@@ -38,8 +40,9 @@ def _as_complex_pairs(x: torch.Tensor, layout: str) -> torch.Tensor:
     return torch.complex(x[..., planes[:, 0]], x[..., planes[:, 1]])
 
 
-def pair_logit_contributions(q: torch.Tensor, k: torch.Tensor, distances, inv_freq: torch.Tensor,
-                             layout: str = "half") -> torch.Tensor:
+def pair_logit_contributions(
+    q: torch.Tensor, k: torch.Tensor, distances, inv_freq: torch.Tensor, layout: str = "half"
+) -> torch.Tensor:
     """Each pair's share of the RoPE logit ``<R(m) q, R(n) k>`` for ``m - n = distance``: ``(..., N, P)`` float64.
 
     ``q``, ``k``: ``(..., D)`` with ``D = 2 P`` (broadcast together); ``distances``: ``(N,)``; ``inv_freq``:
@@ -49,14 +52,17 @@ def pair_logit_contributions(q: torch.Tensor, k: torch.Tensor, distances, inv_fr
     require_tensor("k", k)
     inv_freq = check_inv_freq("inv_freq", inv_freq)
     if q.shape[-1] != k.shape[-1] or q.shape[-1] != 2 * inv_freq.shape[-1]:
-        raise ValueError(f"q and k must have last axis D = 2 * len(inv_freq) = {2 * inv_freq.shape[-1]}, "
-                         f"got {q.shape[-1]} and {k.shape[-1]}")
+        raise ValueError(
+            f"q and k must have last axis D = 2 * len(inv_freq) = {2 * inv_freq.shape[-1]}, "
+            f"got {q.shape[-1]} and {k.shape[-1]}"
+        )
     distances = as_float64("distances", distances, q.device)
     if distances.ndim != 1:
         raise ValueError(f"distances must have shape (N,), got {tuple(distances.shape)}")
     product = _as_complex_pairs(q, layout) * _as_complex_pairs(k, layout).conj()  # (..., P)
-    turn = torch.polar(torch.ones((), dtype=torch.float64, device=q.device),
-                       distances[:, None] * inv_freq.to(q.device).double())  # (N, P)
+    turn = torch.polar(
+        torch.ones((), dtype=torch.float64, device=q.device), distances[:, None] * inv_freq.to(q.device).double()
+    )  # (N, P)
     return (product[..., None, :] * turn).real
 
 
@@ -89,9 +95,11 @@ def max_offset_spread(scores: torch.Tensor, q_positions, k_positions) -> float:
     q_positions = q_positions[:, None] if q_positions.ndim == 1 else q_positions
     k_positions = k_positions[:, None] if k_positions.ndim == 1 else k_positions
     if scores.shape != (q_positions.shape[0], k_positions.shape[0]) or q_positions.shape[1] != k_positions.shape[1]:
-        raise ValueError(f"scores must be (Lq, Lk) = ({q_positions.shape[0]}, {k_positions.shape[0]}) and the "
-                         f"positions must have the same number of axes, got {tuple(scores.shape)}, "
-                         f"{tuple(q_positions.shape)}, {tuple(k_positions.shape)}")
+        raise ValueError(
+            f"scores must be (Lq, Lk) = ({q_positions.shape[0]}, {k_positions.shape[0]}) and the "
+            f"positions must have the same number of axes, got {tuple(scores.shape)}, "
+            f"{tuple(q_positions.shape)}, {tuple(k_positions.shape)}"
+        )
     offsets = (q_positions[:, None, :] - k_positions[None, :, :]).reshape(-1, q_positions.shape[1])
     # one integer label per distinct offset row, axis by axis (1-D uniques are much faster than unique(dim=0))
     _, group = torch.unique(offsets[:, 0], return_inverse=True)
@@ -116,9 +124,9 @@ def cosine_integral(x) -> torch.Tensor:
     Chapter 4's smooth part of the sinusoidal kernel, ``K(Delta) / K(0) ~ -Ci(omega_min Delta) / ln b``, and
     chapter 6's RoPE lobe use it. ``x``: a number or a tensor of any shape; returns float64 of the same shape, in
     memory proportional to ``x``'s. Up to 4 the power series ``gamma + ln x + sum_k (-x^2)^k / (2k (2k)!)`` (its
-    largest term is 4 in size, at x = 4, against a sum of about -2, so little is cancelled); beyond, ``Ci(x) = -Re E1(i x)`` with ``E1``'s continued
-    fraction (Numerical Recipes' ``cisi``). Against ``scipy.special.sici`` the error stays below 1e-13 on
-    ``1e-3 .. 1e6``.
+    largest term is 4 in size, at x = 4, against a sum of about -2, so little is cancelled); beyond,
+    ``Ci(x) = -Re E1(i x)`` with ``E1``'s continued fraction (Numerical Recipes' ``cisi``). Against
+    ``scipy.special.sici`` the error stays below 1e-13 on ``1e-3 .. 1e6``.
     """
     if isinstance(x, bool) or not isinstance(x, (int, float, torch.Tensor)):
         raise TypeError(f"x must be a positive number or a tensor of them, got {type(x).__name__}")
@@ -154,5 +162,10 @@ def cosine_integral(x) -> torch.Tensor:
     return result
 
 
-__all__ = ["relative_upper_bound", "pair_logit_contributions", "wrapped_angle_error", "max_offset_spread",
-           "cosine_integral"]
+__all__ = [
+    "relative_upper_bound",
+    "pair_logit_contributions",
+    "wrapped_angle_error",
+    "max_offset_spread",
+    "cosine_integral",
+]

@@ -14,13 +14,20 @@ the sequence first; that multiplies every query pair by a constant and every key
 are the same. Tables are float32, as RoPE's: ``zeta_0^(-m/B)`` overflows float32 past ``|m|`` of about
 ``88 B / |ln zeta_0| = 70 B`` (36,000 positions at ``B = 512``), where the decay has long made those logits vanish.
 """
+
 from __future__ import annotations
 
 import torch
 from torch import Tensor
 
-from ._checks import (as_positions, check_head_dim, check_layout, check_seq_dim, require_positive_number,
-                      require_real_floating)
+from ._checks import (
+    as_positions,
+    check_head_dim,
+    check_layout,
+    check_seq_dim,
+    require_positive_number,
+    require_real_floating,
+)
 from .encodings import PositionalEncoding
 from .rope import apply_rope, rope_cos_sin
 from .rope_types import rope_frequencies
@@ -44,8 +51,9 @@ def xpos_log_scales(head_dim: int, scale_base: float = 512.0, device: torch.devi
     return (torch.log1p(-(head_dim - 2 * pairs) / (1.4 * head_dim)) / base).float()
 
 
-def xpos_cos_sin(positions: Tensor | list[int] | range, inv_freq: Tensor, log_scales: Tensor, key: bool = False
-                 ) -> tuple[Tensor, Tensor]:
+def xpos_cos_sin(
+    positions: Tensor | list[int] | range, inv_freq: Tensor, log_scales: Tensor, key: bool = False
+) -> tuple[Tensor, Tensor]:
     """RoPE's half-size tables scaled per pair: ``cos(t theta_j) zeta_j^(+-t/B)`` and the same for sin.
 
     Args:
@@ -59,18 +67,26 @@ def xpos_cos_sin(positions: Tensor | list[int] | range, inv_freq: Tensor, log_sc
     """
     positions = as_positions("positions", positions, device=inv_freq.device)
     if log_scales.shape != inv_freq.shape:
-        raise ValueError(f"log_scales must have the shape of inv_freq {tuple(inv_freq.shape)}, got "
-                         f"{tuple(log_scales.shape)}")
+        raise ValueError(
+            f"log_scales must have the shape of inv_freq {tuple(inv_freq.shape)}, got {tuple(log_scales.shape)}"
+        )
     cos, sin = rope_cos_sin(positions, inv_freq)
     exponent = positions[..., None].to(torch.float32) * log_scales.to(inv_freq.device, torch.float32)
     scale = torch.exp(-exponent if key else exponent)
     return cos * scale, sin * scale
 
 
-def apply_xpos_qk(q: Tensor, k: Tensor, q_positions: Tensor | list[int] | range | None = None,
-                  k_positions: Tensor | list[int] | range | None = None, *, base: float = 10_000.0,
-                  scale_base: float = 512.0, layout: str = "half", seq_dim: int | None = None
-                  ) -> tuple[Tensor, Tensor]:
+def apply_xpos_qk(
+    q: Tensor,
+    k: Tensor,
+    q_positions: Tensor | list[int] | range | None = None,
+    k_positions: Tensor | list[int] | range | None = None,
+    *,
+    base: float = 10_000.0,
+    scale_base: float = 512.0,
+    layout: str = "half",
+    seq_dim: int | None = None,
+) -> tuple[Tensor, Tensor]:
     """xPos on queries and keys: each rotated as RoPE and scaled by ``zeta_j^(n/B)`` (query), ``zeta_j^(-m/B)`` (key).
 
     Args:
@@ -104,8 +120,7 @@ def apply_xpos_qk(q: Tensor, k: Tensor, q_positions: Tensor | list[int] | range 
     log_scales = xpos_log_scales(q.shape[-1], scale_base, device=q.device)
     q_cos, q_sin = xpos_cos_sin(q_positions, inv_freq, log_scales)
     k_cos, k_sin = xpos_cos_sin(k_positions, inv_freq, log_scales, key=True)
-    return (apply_rope(q, q_cos, q_sin, layout, seq_dim=seq_dim),
-            apply_rope(k, k_cos, k_sin, layout, seq_dim=seq_dim))
+    return (apply_rope(q, q_cos, q_sin, layout, seq_dim=seq_dim), apply_rope(k, k_cos, k_sin, layout, seq_dim=seq_dim))
 
 
 class XPos(PositionalEncoding):
@@ -127,8 +142,9 @@ class XPos(PositionalEncoding):
     inv_freq: Tensor
     log_scales: Tensor
 
-    def __init__(self, head_dim: int, base: float = 10_000.0, scale_base: float = 512.0, layout: str = "half",
-                 seq_dim: int = -2) -> None:
+    def __init__(
+        self, head_dim: int, base: float = 10_000.0, scale_base: float = 512.0, layout: str = "half", seq_dim: int = -2
+    ) -> None:
         super().__init__()
         check_head_dim(head_dim)
         check_layout(layout)
@@ -145,12 +161,16 @@ class XPos(PositionalEncoding):
         ``(Lq,)``, ``(Lk,)`` or batched. Returns ``(q_x, k_x)`` shaped and typed like ``q``, ``k``."""
         q_cos, q_sin = xpos_cos_sin(q_positions, self.inv_freq, self.log_scales)
         k_cos, k_sin = xpos_cos_sin(k_positions, self.inv_freq, self.log_scales, key=True)
-        return (apply_rope(q, q_cos, q_sin, self.layout, seq_dim=self.seq_dim),
-                apply_rope(k, k_cos, k_sin, self.layout, seq_dim=self.seq_dim))
+        return (
+            apply_rope(q, q_cos, q_sin, self.layout, seq_dim=self.seq_dim),
+            apply_rope(k, k_cos, k_sin, self.layout, seq_dim=self.seq_dim),
+        )
 
     def extra_repr(self) -> str:
-        return (f"head_dim={self.head_dim}, base={self.base}, scale_base={self.scale_base}, layout={self.layout!r}, "
-                f"seq_dim={self.seq_dim}")
+        return (
+            f"head_dim={self.head_dim}, base={self.base}, scale_base={self.scale_base}, layout={self.layout!r}, "
+            f"seq_dim={self.seq_dim}"
+        )
 
 
 __all__ = ["xpos_log_scales", "xpos_cos_sin", "apply_xpos_qk", "XPos"]

@@ -1,4 +1,5 @@
 """Generators shared by the tests of posenc.generators, posenc.group_encodings and posenc.jordan."""
+
 import torch
 from hypothesis import strategies as st
 
@@ -47,9 +48,12 @@ def torus_generators(frequencies, seed=0, extra=0):
     """Commuting skew generators Q (plus_j w_ij J) Q^T (+ an ``extra``-dimensional common kernel), Q random."""
     n, planes = frequencies.shape
     dim = 2 * planes + extra
-    basis, _ = torch.linalg.qr(torch.randn(dim, dim, dtype=torch.float64,
-                                           generator=torch.Generator().manual_seed(seed)))
+    basis, _ = torch.linalg.qr(
+        torch.randn(dim, dim, dtype=torch.float64, generator=torch.Generator().manual_seed(seed))
+    )
     j = torch.tensor([[0.0, -1.0], [1.0, 0.0]], dtype=torch.float64)
-    blocks = [torch.block_diag(*[w * j for w in frequencies[i]], torch.zeros(extra, extra, dtype=torch.float64))
-              for i in range(n)]
+    blocks = [
+        torch.block_diag(*[w * j for w in frequencies[i]], torch.zeros(extra, extra, dtype=torch.float64))
+        for i in range(n)
+    ]
     return torch.stack([basis @ b @ basis.T for b in blocks])

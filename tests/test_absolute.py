@@ -1,5 +1,6 @@
 """Absolute encodings: integer, binary, sinusoidal (against transformers), learned; and what chapters 2-4 add,
 consecutive_distances and sinusoidal_dot_product."""
+
 import math
 
 import pytest
@@ -76,7 +77,6 @@ def test_bad_input():
         posenc.integer_encoding(torch.arange(3), 2, length=0)
 
 
-
 @settings(max_examples=30, deadline=None)
 @given(length=st.integers(2, 40), dim=st.integers(1, 12), batch=st.integers(1, 3), seed=st.integers(0, 2**16))
 def test_consecutive_distances_match_a_loop(length, dim, batch, seed):
@@ -112,8 +112,7 @@ def test_consecutive_distances_promote_integers_and_reject_bad_shapes():
 
 
 @settings(max_examples=40, deadline=None)
-@given(p=st.integers(0, 10**6), q=st.integers(0, 10**6), half_dim=st.integers(1, 64),
-       base=st.floats(2.0, 1e6))
+@given(p=st.integers(0, 10**6), q=st.integers(0, 10**6), half_dim=st.integers(1, 64), base=st.floats(2.0, 1e6))
 def test_sinusoidal_dot_product_is_the_dot_product_of_two_encodings(p, q, half_dim, base):
     table = sinusoidal_encoding(torch.tensor([p, q]), 2 * half_dim, base, dtype=torch.float64)
     kernel = sinusoidal_dot_product(torch.tensor([q - p]), 2 * half_dim, base)

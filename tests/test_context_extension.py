@@ -1,4 +1,5 @@
 """posenc.context_extension: the measures, YaRN's ramp, and cross-checks of the scaled tables against formulas."""
+
 import math
 
 import pytest
@@ -16,8 +17,9 @@ ROPE = posenc.rope_frequencies(HEAD_DIM, {"rope_theta": BASE}, ORIGINAL)[0]
 def test_wavelengths_and_turns_of_rope():
     exponents = torch.arange(0, HEAD_DIM, 2, dtype=torch.float64) / HEAD_DIM
     assert torch.allclose(ext.wavelengths(ROPE), 2 * math.pi * BASE**exponents, rtol=1e-6)
-    assert torch.allclose(ext.turns(ROPE, ORIGINAL) * ext.wavelengths(ROPE), torch.full((64,), float(ORIGINAL),
-                          dtype=torch.float64))
+    assert torch.allclose(
+        ext.turns(ROPE, ORIGINAL) * ext.wavelengths(ROPE), torch.full((64,), float(ORIGINAL), dtype=torch.float64)
+    )
     assert int((ext.turns(ROPE, ORIGINAL) < 1).sum()) == 18
     assert ext.wavelengths(torch.tensor([0.0, 1.0]))[0] == math.inf
 
@@ -42,12 +44,23 @@ def test_yarn_ramp_is_monotone_and_rejects_bad_edges():
 
 
 @settings(deadline=None, max_examples=30)
-@given(factor=st.floats(1.0, 32.0), low=st.floats(0.5, 2.0), spread=st.floats(1.5, 8.0),
-       exponent=st.floats(3.5, 6.0), length=st.sampled_from([1024, 4096, 8192]))
+@given(
+    factor=st.floats(1.0, 32.0),
+    low=st.floats(0.5, 2.0),
+    spread=st.floats(1.5, 8.0),
+    exponent=st.floats(3.5, 6.0),
+    length=st.sampled_from([1024, 4096, 8192]),
+)
 def test_llama3_is_the_papers_yarn_ramp_with_low_and_high_as_edges(factor, low, spread, exponent, length):
     high, base = low * spread, 10.0**exponent
-    params = {"rope_type": "llama3", "rope_theta": base, "factor": factor, "low_freq_factor": low,
-              "high_freq_factor": high, "original_max_position_embeddings": length}
+    params = {
+        "rope_type": "llama3",
+        "rope_theta": base,
+        "factor": factor,
+        "low_freq_factor": low,
+        "high_freq_factor": high,
+        "original_max_position_embeddings": length,
+    }
     scaled, _ = posenc.rope_frequencies(HEAD_DIM, params, int(factor * length))
     rope = posenc.rope_frequencies(HEAD_DIM, {"rope_theta": base})[0].double()
     gamma = ext.yarn_ramp(ext.turns(rope, length), alpha=low, beta=high)
@@ -56,8 +69,13 @@ def test_llama3_is_the_papers_yarn_ramp_with_low_and_high_as_edges(factor, low, 
 
 @pytest.mark.parametrize("factor", [2.0, 4.0, 16.0])
 def test_untruncated_yarn_ramps_linearly_in_log_turns(factor):
-    params = {"rope_type": "yarn", "rope_theta": BASE, "factor": factor, "original_max_position_embeddings": ORIGINAL,
-              "truncate": False}
+    params = {
+        "rope_type": "yarn",
+        "rope_theta": BASE,
+        "factor": factor,
+        "original_max_position_embeddings": ORIGINAL,
+        "truncate": False,
+    }
     scaled, temperature = posenc.rope_frequencies(HEAD_DIM, params, int(factor * ORIGINAL))
     rope = ROPE.double()
     gamma = ((ext.turns(rope, ORIGINAL).log() - math.log(1)) / (math.log(32) - math.log(1))).clamp(0, 1)
@@ -71,8 +89,9 @@ def test_untruncated_yarn_ramps_linearly_in_log_turns(factor):
 def test_ntk_aware_base_is_dynamic_ntk_at_the_scaled_length(scale):
     ntk_base = BASE * scale ** (HEAD_DIM / (HEAD_DIM - 2))
     ntk, _ = posenc.rope_frequencies(HEAD_DIM, {"rope_theta": ntk_base}, ORIGINAL)
-    dynamic, _ = posenc.rope_frequencies(HEAD_DIM, {"rope_type": "dynamic", "rope_theta": BASE, "factor": 1.0},
-                                         ORIGINAL, seq_len=int(scale * ORIGINAL))
+    dynamic, _ = posenc.rope_frequencies(
+        HEAD_DIM, {"rope_type": "dynamic", "rope_theta": BASE, "factor": 1.0}, ORIGINAL, seq_len=int(scale * ORIGINAL)
+    )
     # exact by construction: scale * ORIGINAL / ORIGINAL is exactly scale for these values, so both compute the
     # same base with the same operations; pair 0 is base'^0 = 1 exactly
     assert torch.equal(ntk, dynamic)
@@ -140,14 +159,22 @@ def test_critical_dimension_of_llama_2_and_the_extrapolation_bound():
 def test_phi3_longrope_lists_are_monotone_and_match_transformers():
     transformers = pytest.importorskip("transformers")
     from transformers.modeling_rope_utils import ROPE_INIT_FUNCTIONS
+
     phi3 = ext.PHI3_VISION_128K
     assert len(phi3["long_factor"]) == len(phi3["short_factor"]) == phi3["head_dim"] // 2
-    parameters = {"rope_type": "longrope", "rope_theta": phi3["rope_theta"],
-                  "original_max_position_embeddings": phi3["original_max_position_embeddings"],
-                  "long_factor": phi3["long_factor"], "short_factor": phi3["short_factor"]}
-    config = transformers.LlamaConfig(hidden_size=4 * phi3["head_dim"], num_attention_heads=4,
-                                      max_position_embeddings=phi3["max_position_embeddings"],
-                                      rope_parameters=dict(parameters))
+    parameters = {
+        "rope_type": "longrope",
+        "rope_theta": phi3["rope_theta"],
+        "original_max_position_embeddings": phi3["original_max_position_embeddings"],
+        "long_factor": phi3["long_factor"],
+        "short_factor": phi3["short_factor"],
+    }
+    config = transformers.LlamaConfig(
+        hidden_size=4 * phi3["head_dim"],
+        num_attention_heads=4,
+        max_position_embeddings=phi3["max_position_embeddings"],
+        rope_parameters=dict(parameters),
+    )
     for seq_len in (phi3["original_max_position_embeddings"], phi3["max_position_embeddings"]):
         ours = posenc.rope_frequencies(phi3["head_dim"], parameters, phi3["max_position_embeddings"], seq_len)
         theirs = ROPE_INIT_FUNCTIONS["longrope"](config, None, seq_len)

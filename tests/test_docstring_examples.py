@@ -1,4 +1,5 @@
 """The examples in posenc's docstrings (the API reference shows them) run and print what they say."""
+
 import doctest
 import importlib
 import pkgutil
@@ -21,6 +22,9 @@ def test_some_docstrings_have_examples():
 def test_docstring_examples(name):
     torch.manual_seed(0)
     module = importlib.import_module(name)
-    result = doctest.testmod(module, globs={"torch": torch, "posenc": posenc, **vars(module)},
-                             optionflags=doctest.ELLIPSIS | doctest.NORMALIZE_WHITESPACE)
+    result = doctest.testmod(
+        module,
+        globs={"torch": torch, "posenc": posenc, **vars(module)},
+        optionflags=doctest.ELLIPSIS | doctest.NORMALIZE_WHITESPACE,
+    )
     assert result.attempted and not result.failed, f"{name}: {result.failed} of {result.attempted} examples failed"

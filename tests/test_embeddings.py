@@ -1,4 +1,5 @@
 """Real pretrained embeddings: the packaged MiniLM, offline, from safetensors."""
+
 import pytest
 import torch
 

@@ -1,4 +1,5 @@
 """posenc.generators: the generator of every family against the encoding it stands for, and the common torus."""
+
 import math
 
 import pytest
@@ -17,7 +18,9 @@ def test_rope_generator_equals_posenc_rope(layout):
     x = generators.rope_generator(D, layout=layout, dtype=torch.float64)
     for t in (0.0, 1.0, 2.5, 37.0, 1000.0):
         # float64 angles up to 1000: both sides round t * theta to ~1e-13 absolute
-        assert torch.allclose(group_encodings.one_parameter_group(x, t), posenc.rope_matrix(t, inv_freq, layout), atol=1e-12)
+        assert torch.allclose(
+            group_encodings.one_parameter_group(x, t), posenc.rope_matrix(t, inv_freq, layout), atol=1e-12
+        )
     q, k = torch.randn(2, 4, 6, D), torch.randn(2, 4, 6, D)
     positions = torch.arange(6) + 100
     ours = posenc.GroupEncoding(generators.rope_generator(D, layout=layout)).encode_qk(q, k, positions, positions)
@@ -46,8 +49,11 @@ def test_alibi_block_equals_alibi_bias_under_a_causal_mask():
     assert torch.allclose(bias.float(), posenc.alibi_bias(length, slopes=slopes.float()), atol=1e-5)
     n = generators.alibi_generator(dtype=torch.float64)
     for m, a in ((0.5, 3.0), (0.125, 11.0)):  # the post's form: (1, 0)^T exp(aN) (0, -m) = -m a
-        value = torch.tensor([1.0, 0.0], dtype=torch.float64) @ group_encodings.one_parameter_group(n, a) @ torch.tensor(
-            [0.0, -m], dtype=torch.float64)
+        value = (
+            torch.tensor([1.0, 0.0], dtype=torch.float64)
+            @ group_encodings.one_parameter_group(n, a)
+            @ torch.tensor([0.0, -m], dtype=torch.float64)
+        )
         assert value.item() == pytest.approx(-m * a)
     assert jordan.classify_generator(n)[0].family == "real jordan"  # unipotent, not the exotic complex class
 
@@ -86,8 +92,13 @@ def test_damped_rope_equals_retnet_decay_times_rope():
     positions = torch.arange(7.0)
     rope = logits(posenc.GroupEncoding(generators.rope_generator(D, dtype=torch.float64)), q, k, positions, positions)
     offsets = positions[:, None] - positions[None, :]
-    retnet = logits(posenc.GroupEncoding(generators.damped_rope_generator(D, gamma, dtype=torch.float64)), q, k,
-                    positions, positions)
+    retnet = logits(
+        posenc.GroupEncoding(generators.damped_rope_generator(D, gamma, dtype=torch.float64)),
+        q,
+        k,
+        positions,
+        positions,
+    )
     assert torch.allclose(retnet, rope * gamma**offsets, atol=1e-10)
 
 
@@ -96,8 +107,9 @@ def test_jordan_generator_closed_forms():
     x = generators.jordan_generator(4, a, b, block=2, dtype=torch.float64)
     c, s = math.cos(b * t), math.sin(b * t)
     rotation = torch.tensor([[c, -s], [s, c]], dtype=torch.float64)
-    expected = math.exp(a * t) * torch.cat((torch.cat((rotation, t * rotation), 1),
-                                            torch.cat((torch.zeros(2, 2, dtype=torch.float64), rotation), 1)))
+    expected = math.exp(a * t) * torch.cat(
+        (torch.cat((rotation, t * rotation), 1), torch.cat((torch.zeros(2, 2, dtype=torch.float64), rotation), 1))
+    )
     assert torch.allclose(group_encodings.one_parameter_group(x, t), expected, atol=1e-12)
     real = group_encodings.one_parameter_group(generators.jordan_generator(3, a, 0.0, block=3, dtype=torch.float64), t)
     assert real[0, 2].item() == pytest.approx(math.exp(a * t) * t**2 / 2)
@@ -132,6 +144,7 @@ def test_common_torus_bad_input():
     with pytest.raises(ValueError, match=r"generators must have shape \(n, D, D\)"):
         generators.common_torus(torch.zeros(4, 4))
 
+
 def test_bad_constructor_arguments():
     with pytest.raises(ValueError, match="decay must lie in"):
         generators.damped_rope_generator(D, 1.5)
@@ -149,10 +162,10 @@ def test_bad_constructor_arguments():
 def test_window_bias_generator_reproduces_any_relative_bias_on_its_window(window):
     offsets = torch.arange(-window, window + 1, dtype=torch.float64)
     bias = torch.randn(2 * window + 1, dtype=torch.float64, generator=torch.Generator().manual_seed(window))
-    for target in (bias, -0.5 * offsets.abs()):                 # an arbitrary bias, symmetric ALiBi
+    for target in (bias, -0.5 * offsets.abs()):  # an arbitrary bias, symmetric ALiBi
         X, q_bar, k_bar = generators.window_bias_generator(target)
         assert X.shape == (2 * window + 2, 2 * window + 2)
-        assert torch.equal(X, -X.T)                              # rotations only
+        assert torch.equal(X, -X.T)  # rotations only
         logit = torch.stack([q_bar @ group_encodings.relative_kernel(X, d) @ k_bar for d in offsets])
         # sums of 2L + 2 terms of size |bias|, angles up to 2 pi L: float64 round-off ~ L * 1e-15
         assert torch.allclose(logit, target, rtol=0, atol=1e-12 * (1 + target.abs().max()))

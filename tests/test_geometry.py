@@ -1,4 +1,5 @@
 """posenc.lab.geometry: positional distributions, Hellinger distances, classical MDS, stress, ranks."""
+
 import math
 
 import mpmath
@@ -97,8 +98,9 @@ def test_hellinger_extremes():
 def mp_hellinger(p, q):
     """The Hellinger distance of the float64 inputs, ||sqrt p - sqrt q|| / sqrt 2, in 60-digit arithmetic."""
     with mpmath.workdps(60):
-        total = mpmath.fsum((mpmath.sqrt(mpmath.mpf(a)) - mpmath.sqrt(mpmath.mpf(b))) ** 2
-                            for a, b in zip(p.tolist(), q.tolist()))
+        total = mpmath.fsum(
+            (mpmath.sqrt(mpmath.mpf(a)) - mpmath.sqrt(mpmath.mpf(b))) ** 2 for a, b in zip(p.tolist(), q.tolist())
+        )
         return mpmath.sqrt(total / 2)
 
 
@@ -176,11 +178,13 @@ def test_mds_recovers_a_euclidean_configuration(seed, n, dim):
     assert result.embedding.shape == (n, min(dim, n - 1))
     assert torch.allclose(geometry.pairwise_distances(result.embedding), distances, atol=1e-9)
     assert torch.allclose(geometry.pairwise_distances(moved), distances, atol=1e-9)  # rigid motion: same D
-    assert torch.allclose(geometry.classical_mds(geometry.pairwise_distances(moved)).embedding.abs(),
-                          result.embedding.abs(), atol=1e-6)
+    assert torch.allclose(
+        geometry.classical_mds(geometry.pairwise_distances(moved)).embedding.abs(), result.embedding.abs(), atol=1e-6
+    )
     assert float(geometry.stress(result.embedding, distances)) < 1e-9
-    assert torch.allclose(result.embedding.mean(dim=0), torch.zeros(result.embedding.shape[1], dtype=torch.float64),
-                          atol=1e-9)  # MDS coordinates are centred
+    assert torch.allclose(
+        result.embedding.mean(dim=0), torch.zeros(result.embedding.shape[1], dtype=torch.float64), atol=1e-9
+    )  # MDS coordinates are centred
 
 
 def test_mds_of_a_line_is_the_line():
@@ -205,7 +209,8 @@ def test_effective_rank_of_a_low_rank_configuration(seed, rank):
     generator = torch.Generator().manual_seed(seed)
     n, d = 30, 16
     encoding = torch.randn(n, rank, generator=generator, dtype=torch.float64) @ torch.randn(
-        rank, d, generator=generator, dtype=torch.float64)
+        rank, d, generator=generator, dtype=torch.float64
+    )
     eigenvalues = geometry.classical_mds(geometry.pairwise_distances(encoding)).eigenvalues
     assert geometry.effective_rank(eigenvalues) == rank
     left, right = geometry.low_rank_factors(encoding, rank)
@@ -259,8 +264,9 @@ def test_stress_of_a_constant_encoding_is_one_and_of_the_target_itself_zero():
 
 def test_kernel_distances_of_a_gram_matrix_are_euclidean():
     encoding = torch.randn(9, 5, dtype=torch.float64, generator=torch.Generator().manual_seed(2))
-    assert torch.allclose(geometry.kernel_distances(encoding @ encoding.T), geometry.pairwise_distances(encoding),
-                          atol=1e-7)
+    assert torch.allclose(
+        geometry.kernel_distances(encoding @ encoding.T), geometry.pairwise_distances(encoding), atol=1e-7
+    )
     skew = torch.randn(9, 9, dtype=torch.float64, generator=torch.Generator().manual_seed(3))
     # exact: the symmetric part (K + K^T) / 2 is the same sums in either order (addition commutes in IEEE)
     assert torch.allclose(geometry.kernel_distances(skew), geometry.kernel_distances(skew.T), atol=0, rtol=0)
@@ -292,40 +298,59 @@ def test_toeplitz_projection_fixes_toeplitz_matrices_and_bounds_shift_invariant_
 
 
 # bad input ----------------------------------------------------------------------------------------------------
-@pytest.mark.parametrize("call, error, name", [
-    (lambda: geometry.positional_distributions([[1, 2]], 3), TypeError, "sequences[0]"),
-    (lambda: geometry.positional_distributions([torch.tensor([1.0])], 3), TypeError, "sequences[0]"),
-    (lambda: geometry.positional_distributions([], 3), ValueError, "sequences"),
-    (lambda: geometry.positional_distributions(torch.zeros(2, 2, 2, dtype=torch.long), 3), ValueError, "sequences"),
-    (lambda: geometry.positional_distributions([torch.tensor([3])], 3), ValueError, "vocab_size"),
-    (lambda: geometry.positional_distributions([torch.tensor([1])], 0), ValueError, "vocab_size"),
-    (lambda: geometry.positional_distributions([torch.tensor([1])], 3, n_positions=2), ValueError, "n_positions"),
-    (lambda: geometry.positional_distributions([torch.tensor([1])], 3, lengths=torch.tensor([1])), ValueError,
-     "lengths"),
-    (lambda: geometry.positional_distributions(torch.zeros(2, 3, dtype=torch.long), 3, lengths=torch.tensor([1])),
-     ValueError, "lengths"),
-    (lambda: geometry.positional_distributions(torch.zeros(2, 3, dtype=torch.long), 3, lengths=torch.tensor([1, 4])),
-     ValueError, "lengths"),
-    (lambda: geometry.hellinger_distances([[0.5, 0.5]]), TypeError, "distributions"),
-    (lambda: geometry.hellinger_distances(torch.tensor([[1, 0], [0, 1]])), TypeError, "distributions"),
-    (lambda: geometry.hellinger_distances(torch.tensor([[0.5, 0.6], [0.5, 0.5]])), ValueError, "distributions"),
-    (lambda: geometry.hellinger_distances(torch.tensor([[1.5, -0.5], [0.5, 0.5]])), ValueError, "distributions"),
-    (lambda: geometry.hellinger_distances(torch.tensor([[float("nan"), 1.0], [0.5, 0.5]])), ValueError,
-     "distributions"),
-    (lambda: geometry.classical_mds(torch.ones(3, 4)), ValueError, "distances"),
-    (lambda: geometry.classical_mds(torch.tensor([[0.0, 1.0], [2.0, 0.0]])), ValueError, "distances"),
-    (lambda: geometry.classical_mds(-torch.ones(2, 2)), ValueError, "distances"),
-    (lambda: geometry.classical_mds(1 - torch.eye(3), dim=4), ValueError, "dim"),
-    (lambda: geometry.classical_mds(1 - torch.eye(3), dim=1.5), TypeError, "dim"),
-    (lambda: geometry.stress(torch.ones(3), 1 - torch.eye(3)), ValueError, "encoding"),
-    (lambda: geometry.stress(torch.randn(4, 2), 1 - torch.eye(3)), ValueError, "same shape"),
-    (lambda: geometry.stress(torch.randn(3, 2), torch.zeros(3, 3)), ValueError, "distances"),
-    (lambda: geometry.kernel_distances(torch.ones(2, 3)), ValueError, "kernel"),
-    (lambda: geometry.effective_rank(torch.ones(2, 2)), ValueError, "eigenvalues"),
-    (lambda: geometry.entropy_effective_rank(-torch.ones(3)), ValueError, "eigenvalues"),
-    (lambda: geometry.low_rank_factors(torch.randn(4, 3), 4), ValueError, "rank"),
-    (lambda: geometry.toeplitz_projection(torch.randn(3, 3)), ValueError, "distances"),
-])
+@pytest.mark.parametrize(
+    "call, error, name",
+    [
+        (lambda: geometry.positional_distributions([[1, 2]], 3), TypeError, "sequences[0]"),
+        (lambda: geometry.positional_distributions([torch.tensor([1.0])], 3), TypeError, "sequences[0]"),
+        (lambda: geometry.positional_distributions([], 3), ValueError, "sequences"),
+        (lambda: geometry.positional_distributions(torch.zeros(2, 2, 2, dtype=torch.long), 3), ValueError, "sequences"),
+        (lambda: geometry.positional_distributions([torch.tensor([3])], 3), ValueError, "vocab_size"),
+        (lambda: geometry.positional_distributions([torch.tensor([1])], 0), ValueError, "vocab_size"),
+        (lambda: geometry.positional_distributions([torch.tensor([1])], 3, n_positions=2), ValueError, "n_positions"),
+        (
+            lambda: geometry.positional_distributions([torch.tensor([1])], 3, lengths=torch.tensor([1])),
+            ValueError,
+            "lengths",
+        ),
+        (
+            lambda: geometry.positional_distributions(
+                torch.zeros(2, 3, dtype=torch.long), 3, lengths=torch.tensor([1])
+            ),
+            ValueError,
+            "lengths",
+        ),
+        (
+            lambda: geometry.positional_distributions(
+                torch.zeros(2, 3, dtype=torch.long), 3, lengths=torch.tensor([1, 4])
+            ),
+            ValueError,
+            "lengths",
+        ),
+        (lambda: geometry.hellinger_distances([[0.5, 0.5]]), TypeError, "distributions"),
+        (lambda: geometry.hellinger_distances(torch.tensor([[1, 0], [0, 1]])), TypeError, "distributions"),
+        (lambda: geometry.hellinger_distances(torch.tensor([[0.5, 0.6], [0.5, 0.5]])), ValueError, "distributions"),
+        (lambda: geometry.hellinger_distances(torch.tensor([[1.5, -0.5], [0.5, 0.5]])), ValueError, "distributions"),
+        (
+            lambda: geometry.hellinger_distances(torch.tensor([[float("nan"), 1.0], [0.5, 0.5]])),
+            ValueError,
+            "distributions",
+        ),
+        (lambda: geometry.classical_mds(torch.ones(3, 4)), ValueError, "distances"),
+        (lambda: geometry.classical_mds(torch.tensor([[0.0, 1.0], [2.0, 0.0]])), ValueError, "distances"),
+        (lambda: geometry.classical_mds(-torch.ones(2, 2)), ValueError, "distances"),
+        (lambda: geometry.classical_mds(1 - torch.eye(3), dim=4), ValueError, "dim"),
+        (lambda: geometry.classical_mds(1 - torch.eye(3), dim=1.5), TypeError, "dim"),
+        (lambda: geometry.stress(torch.ones(3), 1 - torch.eye(3)), ValueError, "encoding"),
+        (lambda: geometry.stress(torch.randn(4, 2), 1 - torch.eye(3)), ValueError, "same shape"),
+        (lambda: geometry.stress(torch.randn(3, 2), torch.zeros(3, 3)), ValueError, "distances"),
+        (lambda: geometry.kernel_distances(torch.ones(2, 3)), ValueError, "kernel"),
+        (lambda: geometry.effective_rank(torch.ones(2, 2)), ValueError, "eigenvalues"),
+        (lambda: geometry.entropy_effective_rank(-torch.ones(3)), ValueError, "eigenvalues"),
+        (lambda: geometry.low_rank_factors(torch.randn(4, 3), 4), ValueError, "rank"),
+        (lambda: geometry.toeplitz_projection(torch.randn(3, 3)), ValueError, "distances"),
+    ],
+)
 def test_bad_input_names_the_argument(call, error, name):
     with pytest.raises(error, match=name.replace("[", r"\[").replace("]", r"\]")):
         call()
@@ -363,8 +388,9 @@ def test_affine_stress_is_the_least_squares_line_and_equals_the_correlation_form
 @given(SEEDS)
 def test_partial_correlation_is_the_textbook_formula_for_one_control_and_recursive_for_two(seed):
     generator = torch.Generator().manual_seed(seed)
-    delta, control, other = (geometry.pairwise_distances(torch.randn(9, 3, generator=generator, dtype=torch.float64))
-                             for _ in range(3))
+    delta, control, other = (
+        geometry.pairwise_distances(torch.randn(9, 3, generator=generator, dtype=torch.float64)) for _ in range(3)
+    )
     target = geometry.hellinger_distances(random_distributions(9, 12, seed))
     r = geometry.distance_correlation
     r_dt, r_dc, r_tc = r(delta, target), r(delta, control), r(target, control)
@@ -372,21 +398,25 @@ def test_partial_correlation_is_the_textbook_formula_for_one_control_and_recursi
     one = geometry.partial_correlation(delta, target, control)
     assert torch.allclose(one, textbook, atol=1e-12)
     # two controls: the first-order partials combine like plain correlations (the recursion for partial correlation)
-    p_dt, p_do, p_to = (geometry.partial_correlation(x, y, control)
-                        for x, y in ((delta, target), (delta, other), (target, other)))
+    p_dt, p_do, p_to = (
+        geometry.partial_correlation(x, y, control) for x, y in ((delta, target), (delta, other), (target, other))
+    )
     recursive = (p_dt - p_do * p_to) / ((1 - p_do**2) * (1 - p_to**2)).sqrt()
-    assert torch.allclose(geometry.partial_correlation(delta, target, torch.stack([control, other])), recursive,
-                          atol=1e-10)
+    assert torch.allclose(
+        geometry.partial_correlation(delta, target, torch.stack([control, other])), recursive, atol=1e-10
+    )
     # an increasing affine map of any argument changes nothing
     offset = 2 * (1 - torch.eye(9, dtype=torch.float64))
-    assert torch.allclose(geometry.partial_correlation(offset + 3 * delta, target, offset + 0.5 * control), one,
-                          atol=1e-12)
+    assert torch.allclose(
+        geometry.partial_correlation(offset + 3 * delta, target, offset + 0.5 * control), one, atol=1e-12
+    )
 
 
 def test_partial_correlation_finds_what_the_control_does_not_explain():
     generator = torch.Generator().manual_seed(0)
-    delta, control = (geometry.pairwise_distances(torch.randn(8, 2, generator=generator, dtype=torch.float64))
-                      for _ in range(2))
+    delta, control = (
+        geometry.pairwise_distances(torch.randn(8, 2, generator=generator, dtype=torch.float64)) for _ in range(2)
+    )
     # the target is the control plus the encoding: the raw r is diluted, the partial r is exactly 1
     target = control + 0.3 * delta
     assert float(geometry.distance_correlation(delta, target)) < 0.9
@@ -407,13 +437,15 @@ def test_affine_stress_of_an_anticorrelated_encoding_is_one():
 @given(st.lists(st.floats(-100, 100), min_size=1, max_size=60), SEEDS)
 def test_isotonic_regression_matches_sklearn(values, seed):
     from sklearn.isotonic import IsotonicRegression
+
     values = torch.tensor(values, dtype=torch.float64)
     weights = torch.rand(len(values), generator=torch.Generator().manual_seed(seed), dtype=torch.float64) + 0.1
     for w in (None, weights):
         fit = geometry.isotonic_regression(values, w)
         assert bool((fit[1:] >= fit[:-1]).all())
-        expected = IsotonicRegression().fit_transform(torch.arange(len(values)).numpy(), values.numpy(),
-                                                      sample_weight=None if w is None else w.numpy())
+        expected = IsotonicRegression().fit_transform(
+            torch.arange(len(values)).numpy(), values.numpy(), sample_weight=None if w is None else w.numpy()
+        )
         # block means of at most 60 values of size <= 100: a few ulps of 100 per value
         assert torch.allclose(fit, torch.from_numpy(expected), rtol=0, atol=1e-11)
 
@@ -451,7 +483,9 @@ def test_nonmetric_stress_extremes():
         geometry.nonmetric_stress(equidistant, target, formula=2)
     # ties in the target share one disparity (secondary approach)
     line = geometry.pairwise_distances(torch.arange(5, dtype=torch.float64)[:, None])
-    delta = geometry.pairwise_distances(torch.randn(5, 2, dtype=torch.float64, generator=torch.Generator().manual_seed(4)))
+    delta = geometry.pairwise_distances(
+        torch.randn(5, 2, dtype=torch.float64, generator=torch.Generator().manual_seed(4))
+    )
     _, disparities = geometry.nonmetric_stress(delta, line, return_disparities=True)
     offsets = pair_vector(line)
     for offset in range(1, 5):
@@ -461,8 +495,10 @@ def test_nonmetric_stress_extremes():
 
 # the positional separation theorem, smallest case ----------------------------------------------------------------
 def test_position_predictor_reaches_the_entropy_and_separates_different_positions():
-    distributions = torch.tensor([[0.4, 0.3, 0.2, 0.1], [0.1, 0.2, 0.3, 0.4], [0.25, 0.25, 0.25, 0.25],
-                                  [0.7, 0.1, 0.1, 0.1]], dtype=torch.float64)
+    distributions = torch.tensor(
+        [[0.4, 0.3, 0.2, 0.1], [0.1, 0.2, 0.3, 0.4], [0.25, 0.25, 0.25, 0.25], [0.7, 0.1, 0.1, 0.1]],
+        dtype=torch.float64,
+    )
     for seed in range(3):
         fit = geometry.fit_position_predictor(distributions, dim=3, seed=seed, max_iter=100)
         assert fit.loss >= fit.entropy - 1e-12 and fit.loss - fit.entropy < 1e-9
@@ -475,8 +511,10 @@ def test_position_predictor_reaches_the_entropy_and_separates_different_position
 def test_position_predictor_below_the_affine_rank_stays_above_the_entropy():
     # four different rows span a 3-dimensional affine space of centred log-probabilities: 1 or 2 dimensions cannot
     # reach it (measured gaps 1.1e-2 and 8.7e-5 nats, the same from every start)
-    distributions = torch.tensor([[0.4, 0.3, 0.2, 0.1], [0.1, 0.2, 0.3, 0.4], [0.25, 0.25, 0.25, 0.25],
-                                  [0.7, 0.1, 0.1, 0.1]], dtype=torch.float64)
+    distributions = torch.tensor(
+        [[0.4, 0.3, 0.2, 0.1], [0.1, 0.2, 0.3, 0.4], [0.25, 0.25, 0.25, 0.25], [0.7, 0.1, 0.1, 0.1]],
+        dtype=torch.float64,
+    )
     for dim, gap in [(1, 1e-2), (2, 5e-5)]:
         fit = geometry.fit_position_predictor(distributions, dim=dim, seed=0, max_iter=200)
         assert fit.loss - fit.entropy > gap
@@ -485,25 +523,43 @@ def test_position_predictor_below_the_affine_rank_stays_above_the_entropy():
 def test_position_predictor_at_the_minimal_width_merges_equal_rows():
     # at dim = affine rank the map e -> centred logits is one-to-one, so equal rows get one vector (up to the
     # optimiser's tolerance, at most 2e-4 over seeds 0-9)
-    distributions = torch.tensor([[0.4, 0.3, 0.2, 0.1], [0.1, 0.2, 0.3, 0.4], [0.25, 0.25, 0.25, 0.25],
-                                  [0.4, 0.3, 0.2, 0.1], [0.7, 0.1, 0.1, 0.1]], dtype=torch.float64)
+    distributions = torch.tensor(
+        [
+            [0.4, 0.3, 0.2, 0.1],
+            [0.1, 0.2, 0.3, 0.4],
+            [0.25, 0.25, 0.25, 0.25],
+            [0.4, 0.3, 0.2, 0.1],
+            [0.7, 0.1, 0.1, 0.1],
+        ],
+        dtype=torch.float64,
+    )
     fit = geometry.fit_position_predictor(distributions, dim=3, seed=0, max_iter=60)
     assert float(geometry.pairwise_distances(fit.embeddings)[0, 3]) < 1e-3
 
 
-@pytest.mark.parametrize("call, error, name", [
-    (lambda: geometry.isotonic_regression(torch.ones(2, 2)), ValueError, "values"),
-    (lambda: geometry.isotonic_regression(torch.ones(3), torch.zeros(3)), ValueError, "weights"),
-    (lambda: geometry.isotonic_regression(torch.ones(3), torch.ones(2)), ValueError, "weights"),
-    (lambda: geometry.nonmetric_stress(1 - torch.eye(3), 1 - torch.eye(3), formula=3), ValueError, "formula"),
-    (lambda: geometry.affine_stress(1 - torch.eye(3), 1 - torch.eye(3)), ValueError, "distances"),
-    (lambda: geometry.distance_correlation(1 - torch.eye(3), 1 - torch.eye(3)), ValueError, "constant"),
-    (lambda: geometry.partial_correlation(1 - torch.eye(3), 1 - torch.eye(3), torch.ones(3)), ValueError, "control"),
-    (lambda: geometry.partial_correlation(1 - torch.eye(3), 1 - torch.eye(3), torch.ones(2, 4, 4)), ValueError,
-     "control"),
-    (lambda: geometry.fit_position_predictor(torch.tensor([[1.0, 0.0], [0.5, 0.5]]), 2), ValueError, "positive"),
-    (lambda: geometry.fit_position_predictor(torch.full((2, 2), 0.5), 0), ValueError, "dim"),
-])
+@pytest.mark.parametrize(
+    "call, error, name",
+    [
+        (lambda: geometry.isotonic_regression(torch.ones(2, 2)), ValueError, "values"),
+        (lambda: geometry.isotonic_regression(torch.ones(3), torch.zeros(3)), ValueError, "weights"),
+        (lambda: geometry.isotonic_regression(torch.ones(3), torch.ones(2)), ValueError, "weights"),
+        (lambda: geometry.nonmetric_stress(1 - torch.eye(3), 1 - torch.eye(3), formula=3), ValueError, "formula"),
+        (lambda: geometry.affine_stress(1 - torch.eye(3), 1 - torch.eye(3)), ValueError, "distances"),
+        (lambda: geometry.distance_correlation(1 - torch.eye(3), 1 - torch.eye(3)), ValueError, "constant"),
+        (
+            lambda: geometry.partial_correlation(1 - torch.eye(3), 1 - torch.eye(3), torch.ones(3)),
+            ValueError,
+            "control",
+        ),
+        (
+            lambda: geometry.partial_correlation(1 - torch.eye(3), 1 - torch.eye(3), torch.ones(2, 4, 4)),
+            ValueError,
+            "control",
+        ),
+        (lambda: geometry.fit_position_predictor(torch.tensor([[1.0, 0.0], [0.5, 0.5]]), 2), ValueError, "positive"),
+        (lambda: geometry.fit_position_predictor(torch.full((2, 2), 0.5), 0), ValueError, "dim"),
+    ],
+)
 def test_bad_input_of_the_criteria_names_the_argument(call, error, name):
     with pytest.raises(error, match=name):
         call()
@@ -513,10 +569,10 @@ def test_shuffle_within_keeps_each_sequence_multiset_and_its_padding():
     sequences = torch.tensor([[5, 6, 7, 0, 0], [1, 2, 3, 4, 9]])
     lengths = torch.tensor([3, 5])
     shuffled = geometry.shuffle_within(sequences, lengths, seed=3)
-    assert torch.equal(shuffled[0, 3:], sequences[0, 3:])                     # padding stays at the end
+    assert torch.equal(shuffled[0, 3:], sequences[0, 3:])  # padding stays at the end
     for row, length in enumerate(lengths.tolist()):
         assert sorted(shuffled[row, :length].tolist()) == sorted(sequences[row, :length].tolist())
-    assert torch.equal(geometry.shuffle_within(sequences, lengths, seed=3), shuffled)   # seeded
+    assert torch.equal(geometry.shuffle_within(sequences, lengths, seed=3), shuffled)  # seeded
     many = geometry.shuffle_within(torch.arange(64).repeat(50, 1), torch.full((50,), 64), seed=0)
     assert not torch.equal(many, torch.arange(64).repeat(50, 1))
     with pytest.raises(ValueError, match="lengths"):
@@ -528,7 +584,7 @@ def test_split_groups_never_splits_a_group_and_balances_the_halves():
     first, second = geometry.split_groups(groups, seed=1)
     assert sorted(torch.cat([first, second]).tolist()) == list(range(len(groups)))
     assert set(groups[first].tolist()).isdisjoint(groups[second].tolist())
-    assert abs(len(first) - len(second)) <= 10                                 # at most the largest group apart
+    assert abs(len(first) - len(second)) <= 10  # at most the largest group apart
     with pytest.raises(ValueError, match="groups"):
         geometry.split_groups(groups[None])
 
@@ -537,7 +593,7 @@ def test_rope_family_distances_are_ropes_vectors_and_the_slowest_pair_is_a_line(
     inv_freq, _ = posenc.rope_frequencies(16)
     n = 40
     u = torch.cat([torch.ones(8), torch.zeros(8)]).double()
-    vectors = posenc.rotate(u.expand(n, 16), torch.arange(n))                 # float32 angles, as the book's table
+    vectors = posenc.rotate(u.expand(n, 16), torch.arange(n))  # float32 angles, as the book's table
     equal = geometry.rope_family_distances(n, inv_freq, torch.ones(8, dtype=torch.float64))
     assert torch.allclose(equal, geometry.pairwise_distances(vectors), atol=1e-4)
     slowest = geometry.rope_family_distances(n, inv_freq, torch.nn.functional.one_hot(torch.tensor(7), 8).double())
@@ -569,6 +625,7 @@ def test_fit_rope_amplitudes_recovers_a_member_of_the_family(criterion):
 @given(seed=SEEDS, free=st.integers(0, 2))
 def test_nonnegative_least_squares_matches_scipy(seed, free):
     from scipy.optimize import lsq_linear
+
     generator = torch.Generator().manual_seed(seed)
     matrix = torch.randn(30, 8, generator=generator, dtype=torch.float64)
     target = torch.randn(30, generator=generator, dtype=torch.float64)
@@ -585,12 +642,17 @@ def test_nonnegative_least_squares_by_hand():
     # columns e_1, e_2 and target (1, -1): the second coefficient would be -1, the constraint puts it at 0
     matrix = torch.eye(2, dtype=torch.float64)
     assert torch.equal(geometry.nonnegative_least_squares(matrix, torch.tensor([1.0, -1.0])), torch.tensor([1.0, 0.0]))
-    assert torch.equal(geometry.nonnegative_least_squares(matrix, torch.tensor([1.0, -1.0]), free=2),
-                       torch.tensor([1.0, -1.0], dtype=torch.float64))
+    assert torch.equal(
+        geometry.nonnegative_least_squares(matrix, torch.tensor([1.0, -1.0]), free=2),
+        torch.tensor([1.0, -1.0], dtype=torch.float64),
+    )
     # a positive solution is the plain least-squares solution
     a = torch.tensor([[1.0, 0.0], [1.0, 1.0], [1.0, 2.0]], dtype=torch.float64)
-    assert torch.allclose(geometry.nonnegative_least_squares(a, a @ torch.tensor([2.0, 3.0], dtype=torch.float64)),
-                          torch.tensor([2.0, 3.0], dtype=torch.float64), atol=1e-12)
+    assert torch.allclose(
+        geometry.nonnegative_least_squares(a, a @ torch.tensor([2.0, 3.0], dtype=torch.float64)),
+        torch.tensor([2.0, 3.0], dtype=torch.float64),
+        atol=1e-12,
+    )
     with pytest.raises(ValueError, match="free"):
         geometry.nonnegative_least_squares(matrix, torch.ones(2), free=3)
     with pytest.raises(ValueError, match="target"):

@@ -2,7 +2,15 @@
 
 import pytest
 import torch
-from group_helpers import D, axial_generators, family_generators, logits, random_generator, random_skew_generators, times
+from group_helpers import (
+    D,
+    axial_generators,
+    family_generators,
+    logits,
+    random_generator,
+    random_skew_generators,
+    times,
+)
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
@@ -36,8 +44,9 @@ def test_grid_evaluation_equals_one_exponential_per_time():
     x = random_generator(scale=0.05)
     t = torch.arange(-40, 300, dtype=torch.float64)
     assert torch.allclose(_exp_on_grid(x, t), _exp_each(x, t), rtol=1e-10, atol=1e-10)
-    assert torch.allclose(group_encodings.one_parameter_group(x, torch.arange(-40, 300)), _exp_each(x, t), rtol=1e-10,
-                          atol=1e-10)
+    assert torch.allclose(
+        group_encodings.one_parameter_group(x, torch.arange(-40, 300)), _exp_each(x, t), rtol=1e-10, atol=1e-10
+    )
 
 
 def test_key_map_is_inverse_transpose():
@@ -59,8 +68,10 @@ def test_group_encoding_logits_depend_only_on_the_offset(family, shift):
     before = logits(encoding, q, k, q_pos, k_pos)
     after = logits(encoding, q, k, q_pos + shift, k_pos + shift)
     # round-off grows with the size of the maps themselves (large for growth at large times)
-    norms = [torch.linalg.matrix_norm(m).max() for m in (encoding.query_maps(q_pos + shift),
-                                                         encoding.key_maps(k_pos + shift))]
+    norms = [
+        torch.linalg.matrix_norm(m).max()
+        for m in (encoding.query_maps(q_pos + shift), encoding.key_maps(k_pos + shift))
+    ]
     assert (before - after).abs().max() <= 1e-11 * norms[0] * norms[1] * q.norm(dim=-1).max() * k.norm(dim=-1).max()
     kernel = group_encodings.relative_kernel(encoding.generator, q_pos[:, None] - k_pos[None, :])  # (Lq, Lk, D, D)
     direct = torch.einsum("bhid,ijde,bhje->bhij", q, kernel, k)
@@ -78,12 +89,14 @@ def test_a_map_that_is_not_a_group_is_not_translation_invariant():
     encoding = Linearised(x)
     q, k = torch.randn(1, 1, 4, D, dtype=torch.float64), torch.randn(1, 1, 4, D, dtype=torch.float64)
     positions = torch.arange(4.0)
-    change = (logits(encoding, q, k, positions, positions) - logits(encoding, q, k, positions + 5, positions + 5))
+    change = logits(encoding, q, k, positions, positions) - logits(encoding, q, k, positions + 5, positions + 5)
     assert change.abs().max() > 0.1
 
 
 def test_batched_positions_and_one_generator_per_head():
-    heads = torch.stack([generators.damped_rope_generator(D, g, dtype=torch.float64) for g in generators.retnet_decays(3)])
+    heads = torch.stack(
+        [generators.damped_rope_generator(D, g, dtype=torch.float64) for g in generators.retnet_decays(3)]
+    )
     encoding = posenc.GroupEncoding(heads)
     q, k = (torch.randn(1, 3, 5, D, dtype=torch.float64).expand(2, 3, 5, D) for _ in range(2))
     positions = torch.stack((torch.arange(5), torch.arange(5) + 11))
@@ -93,8 +106,11 @@ def test_batched_positions_and_one_generator_per_head():
             single = posenc.GroupEncoding(heads[h])
             expected = logits(single, q[b, h], k[b, h], positions[b], positions[b])
             # same maps, products grouped differently by einsum: a few ulp of |q| |k| ||F|| ||G|| per logit
-            bound = 64 * torch.finfo(torch.float64).eps * (q[b, h].norm(dim=-1).max() * k[b, h].norm(dim=-1).max()
-                                                           * size_of_maps(single, positions[b]))
+            bound = (
+                64
+                * torch.finfo(torch.float64).eps
+                * (q[b, h].norm(dim=-1).max() * k[b, h].norm(dim=-1).max() * size_of_maps(single, positions[b]))
+            )
             assert (batched[b, h] - expected).abs().max() <= bound
     # shifted rows, same offsets: equal in exact arithmetic; round-off of the maps at positions up to 15 (norms of
     # F and G at most gamma^-15 < 1.7), relative to the largest logit
@@ -103,8 +119,10 @@ def test_batched_positions_and_one_generator_per_head():
 
 def size_of_maps(encoding, positions):
     """max ||F(t)|| * max ||G(t)|| over ``positions`` (spectral norms): the scale of the round-off in a logit."""
-    return (torch.linalg.matrix_norm(encoding.query_maps(positions), ord=2).max()
-            * torch.linalg.matrix_norm(encoding.key_maps(positions), ord=2).max())
+    return (
+        torch.linalg.matrix_norm(encoding.query_maps(positions), ord=2).max()
+        * torch.linalg.matrix_norm(encoding.key_maps(positions), ord=2).max()
+    )
 
 
 def test_learnable_generator_gets_gradients_and_low_precision_inputs_keep_their_dtype():
@@ -114,8 +132,10 @@ def test_learnable_generator_gets_gradients_and_low_precision_inputs_keep_their_
     assert isinstance(encoding.generator, torch.nn.Parameter)
     assert encoding.generator.grad is not None and encoding.generator.grad.abs().sum() > 0
     q_half, k_half = posenc.GroupEncoding(generators.rope_generator(D)).encode_qk(
-        q.detach().bfloat16(), q.detach().bfloat16(), torch.arange(4), torch.arange(4))
+        q.detach().bfloat16(), q.detach().bfloat16(), torch.arange(4), torch.arange(4)
+    )
     assert q_half.dtype == k_half.dtype == torch.bfloat16
+
 
 # N-D ------------------------------------------------------------------------------------------------------------
 def test_commuting_generators_give_relative_encodings_and_others_do_not():
@@ -124,8 +144,8 @@ def test_commuting_generators_give_relative_encodings_and_others_do_not():
     shift = torch.tensor([4.0, -7.0], dtype=torch.float64)
     basis, _ = torch.linalg.qr(torch.randn(D, D, dtype=torch.float64))
     string = basis.T @ axial_generators() @ basis  # STRING: RoPE in a learned orthogonal basis, still commuting
-    for generators in (axial_generators(), string):
-        encoding = posenc.MultiGroupEncoding(generators)
+    for commuting in (axial_generators(), string):
+        encoding = posenc.MultiGroupEncoding(commuting)
         before, after = logits(encoding, q, k, p, p), logits(encoding, q, k, p + shift, p + shift)
         assert torch.allclose(before, after, atol=1e-9)
     liere = posenc.MultiGroupEncoding(random_skew_generators(), check=False)
@@ -147,21 +167,26 @@ def test_commuting_check():
 
 def test_multi_parameter_group_reduces_to_one_parameter():
     x = random_generator()
-    assert torch.allclose(group_encodings.multi_parameter_group(x[None], torch.tensor([2.5])),
-                          group_encodings.one_parameter_group(x, 2.5), atol=1e-12)
+    assert torch.allclose(
+        group_encodings.multi_parameter_group(x[None], torch.tensor([2.5])),
+        group_encodings.one_parameter_group(x, 2.5),
+        atol=1e-12,
+    )
     assert group_encodings.multi_parameter_group(axial_generators(), torch.zeros(3, 4, 2)).shape == (3, 4, D, D)
 
 
-
 # bad input ------------------------------------------------------------------------------------------------------
-@pytest.mark.parametrize("bad, error, match", [
-    (torch.zeros(3, 4), ValueError, "generator must be a square matrix"),
-    (torch.zeros(2, 3, 3), ValueError, "generator must be a square matrix"),
-    (torch.tensor([[0.0, float("nan")], [0.0, 0.0]]), ValueError, "generator must be finite"),
-    (torch.tensor([[0.0, float("inf")], [0.0, 0.0]]), ValueError, "generator must be finite"),
-    (torch.zeros(2, 2, dtype=torch.complex64), TypeError, "generator must be a real matrix"),
-    ([[0.0, 1.0], [0.0, 0.0]], TypeError, "generator must be a torch.Tensor"),
-])
+@pytest.mark.parametrize(
+    "bad, error, match",
+    [
+        (torch.zeros(3, 4), ValueError, "generator must be a square matrix"),
+        (torch.zeros(2, 3, 3), ValueError, "generator must be a square matrix"),
+        (torch.tensor([[0.0, float("nan")], [0.0, 0.0]]), ValueError, "generator must be finite"),
+        (torch.tensor([[0.0, float("inf")], [0.0, 0.0]]), ValueError, "generator must be finite"),
+        (torch.zeros(2, 2, dtype=torch.complex64), TypeError, "generator must be a real matrix"),
+        ([[0.0, 1.0], [0.0, 0.0]], TypeError, "generator must be a torch.Tensor"),
+    ],
+)
 def test_bad_generators(bad, error, match):
     with pytest.raises(error, match=match):
         group_encodings.one_parameter_group(bad, 1.0)
@@ -192,12 +217,18 @@ def test_bad_times_and_positions():
     with pytest.raises(ValueError, match=r"q_positions must have shape \(L, 2\) or \(B, L, 2\)"):
         nd.encode_qk(q, q, torch.zeros(5), torch.zeros(5, 2))
 
+
 def test_everything_runs_on_the_meta_device():
     """No hidden CPU tensors: constructors, maps and encodings stay on the device they are given."""
     meta = torch.device("meta")
-    for generator in (generators.rope_generator(D, device=meta), generators.xpos_generator(D, device=meta),
-                      generators.damped_rope_generator(D, 0.9, device=meta), generators.decay_generator(D, 0.1, device=meta),
-                      generators.jordan_generator(D, device=meta), generators.alibi_generator(device=meta)):
+    for generator in (
+        generators.rope_generator(D, device=meta),
+        generators.xpos_generator(D, device=meta),
+        generators.damped_rope_generator(D, 0.9, device=meta),
+        generators.decay_generator(D, 0.1, device=meta),
+        generators.jordan_generator(D, device=meta),
+        generators.alibi_generator(device=meta),
+    ):
         assert generator.device == meta
     x = generators.rope_generator(D, device=meta)
     assert group_encodings.one_parameter_group(x, torch.arange(5.0, device=meta)).device == meta

@@ -1,4 +1,5 @@
 """The figure helper: one draw function, a live widget and a static slider, with bounds."""
+
 import json
 import math
 import re
@@ -16,8 +17,9 @@ def draw(fig, scale, offset=0.0):
 
 
 def make(**options):
-    return interactive.InteractiveFigure(draw, {"scale": range(10), "offset": [0.0, 0.5, 1.0]}, "a line",
-                                         figsize=(3, 2), **options)
+    return interactive.InteractiveFigure(
+        draw, {"scale": range(10), "offset": [0.0, 0.5, 1.0]}, "a line", figsize=(3, 2), **options
+    )
 
 
 @pytest.fixture(autouse=True)
@@ -36,7 +38,9 @@ def test_static_figure_is_one_image_with_joint_sliders():
     frames = frames_of(page)
     assert len(frames) == 10 * 3 and len(set(frames)) == 30  # the product of the values, each a different picture
     assert json.loads(re.search(r"var labels = (\[.*?\]);", page).group(1)) == [
-        [str(v) for v in range(10)], ["0", "0.5", "1"]]
+        [str(v) for v in range(10)],
+        ["0", "0.5", "1"],
+    ]
     # the default frame (scale 5, offset 0.5) is flat index 5 * 3 + 1 of the grid, the last slider fastest
     shown = re.search(r'<img class="posenc-img" src="([^"]+)" alt="a line \(scale = 5, offset = 0.5\)"', page)
     assert shown and shown.group(1) == frames[5 * 3 + 1]
@@ -76,8 +80,9 @@ def test_smallest_font_ignores_hidden_axes_and_empty_texts():
 
 
 def test_joint_frames_are_subsampled_to_the_budget_and_keep_the_ends():
-    figure = interactive.InteractiveFigure(draw, {"scale": range(30), "offset": [0.0, 0.5, 1.0, 1.5, 2.0]},
-                                           "a line", figsize=(3, 2), max_total_frames=40)
+    figure = interactive.InteractiveFigure(
+        draw, {"scale": range(30), "offset": [0.0, 0.5, 1.0, 1.5, 2.0]}, "a line", figsize=(3, 2), max_total_frames=40
+    )
     grid = figure.frame_values()
     assert math.prod(len(v) for v in grid.values()) <= 40
     assert grid["offset"] == [0.0, 0.5, 1.0, 1.5, 2.0] and len(grid["scale"]) == 8  # the largest count shrinks
@@ -116,8 +121,9 @@ def test_static_frames_share_the_default_frames_layout(monkeypatch):
     runs = []
     execute = ConstrainedLayoutEngine.execute
     monkeypatch.setattr(ConstrainedLayoutEngine, "execute", lambda self, fig: (runs.append(1), execute(self, fig))[1])
-    figure = interactive.InteractiveFigure(colorbar_draw, {"scale": range(6), "offset": [0.0, 1.0]}, "c",
-                                           figsize=(4, 2))
+    figure = interactive.InteractiveFigure(
+        colorbar_draw, {"scale": range(6), "offset": [0.0, 1.0]}, "c", figsize=(4, 2)
+    )
     grid, images = figure.frames()
     assert len(images) == 12 and len(runs) == 1  # laid out once, on the default frame
     figure.update().canvas.draw()  # a fresh layout of the default frame
@@ -181,12 +187,14 @@ def test_redraw_is_timed_over_the_sliders_range(monkeypatch):
         drawn.append(scale)
         draw(fig, scale, offset)
 
-    figure = interactive.InteractiveFigure(slow, {"scale": range(10), "offset": [0.0, 0.5, 1.0]}, "a line",
-                                           figsize=(3, 2))
+    figure = interactive.InteractiveFigure(
+        slow, {"scale": range(10), "offset": [0.0, 0.5, 1.0]}, "a line", figsize=(3, 2)
+    )
     layouts = []
     execute = ConstrainedLayoutEngine.execute
-    monkeypatch.setattr(ConstrainedLayoutEngine, "execute",
-                        lambda self, fig: (layouts.append(1), execute(self, fig))[1])
+    monkeypatch.setattr(
+        ConstrainedLayoutEngine, "execute", lambda self, fig: (layouts.append(1), execute(self, fig))[1]
+    )
     wall, cpu = figure.redraw_times(repeats=6, cpu=True)
     assert len(wall) == len(cpu) == 6
     assert len(drawn) == 7 and len(layouts) == 1  # one untimed update laid out; the 6 timed ones reused it
@@ -212,8 +220,9 @@ def test_live_frames_reuse_the_first_layout(monkeypatch):
     """Constrained layout runs once; later live frames put the axes where it put them, colour bar included."""
     from matplotlib.layout_engine import ConstrainedLayoutEngine
 
-    figure = interactive.InteractiveFigure(colorbar_draw, {"scale": range(10), "offset": [0.0, 1.0]}, "c",
-                                           figsize=(4, 2))
+    figure = interactive.InteractiveFigure(
+        colorbar_draw, {"scale": range(10), "offset": [0.0, 1.0]}, "c", figsize=(4, 2)
+    )
     runs = []
     execute = ConstrainedLayoutEngine.execute
     monkeypatch.setattr(ConstrainedLayoutEngine, "execute", lambda self, fig: (runs.append(1), execute(self, fig))[1])
@@ -278,8 +287,9 @@ def lines_draw(fig, scale, in_place=False):
 
 def test_keep_axes_updates_in_place_and_draws_what_a_fresh_figure_draws():
     sliders = {"scale": [1, 2, 5, 10]}
-    kept = interactive.InteractiveFigure(lambda fig, scale: lines_draw(fig, scale, in_place=True), sliders, "c",
-                                         figsize=(4, 2), keep_axes=True)
+    kept = interactive.InteractiveFigure(
+        lambda fig, scale: lines_draw(fig, scale, in_place=True), sliders, "c", figsize=(4, 2), keep_axes=True
+    )
     fresh = interactive.InteractiveFigure(lines_draw, sliders, "c", figsize=(4, 2))
     kept.live_png(scale=2)
     fresh.live_png(scale=2)
@@ -331,8 +341,7 @@ def test_redraw_log_records_every_shown_figure(monkeypatch, tmp_path):
     interactive.InteractiveFigure(colorbar_draw, {"scale": range(4)}, "second", figsize=(3, 2)).show()
     records = [json.loads(line) for line in log.read_text().splitlines()]
     assert [r["caption"] for r in records] == ["a line", "second"]
-    assert all(len(r["times_ms"]) == 7 and r["median_ms"] <= r["max_ms"] and r["median_cpu_ms"] >= 0
-               for r in records)
+    assert all(len(r["times_ms"]) == 7 and r["median_ms"] <= r["max_ms"] and r["median_cpu_ms"] >= 0 for r in records)
     assert [r["axes"] for r in records] == [1, 3]
 
 

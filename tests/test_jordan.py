@@ -1,4 +1,5 @@
 """posenc.jordan: the numerical real Jordan form of a generator, and the family it names."""
+
 import math
 
 import pytest
@@ -26,10 +27,23 @@ KNOWN_STRUCTURES = {
     "jordan complex growth": (generators.jordan_generator(4, 0.2, 0.8, block=2), [("growth", 2, 1)]),
     "jordan complex 2": (generators.jordan_generator(8, -0.05, 1.3, block=2), [("jordan", 2, 2)]),
     "jordan complex 3": (generators.jordan_generator(6, 0.0, 0.7, block=3), [("jordan", 3, 1)]),
-    "mixed": (torch.block_diag(generators.jordan_generator(4, -0.1, 0.9), generators.alibi_generator(),
-                               generators.decay_generator(2, 0.3), generators.rope_generator(4), torch.zeros(1, 1)),
-              [("none", 1, 1), ("decay", 1, 2), ("rotation", 1, 1), ("rotation", 1, 1), ("real jordan", 2, 1),
-               ("jordan", 2, 1)]),
+    "mixed": (
+        torch.block_diag(
+            generators.jordan_generator(4, -0.1, 0.9),
+            generators.alibi_generator(),
+            generators.decay_generator(2, 0.3),
+            generators.rope_generator(4),
+            torch.zeros(1, 1),
+        ),
+        [
+            ("none", 1, 1),
+            ("decay", 1, 2),
+            ("rotation", 1, 1),
+            ("rotation", 1, 1),
+            ("real jordan", 2, 1),
+            ("jordan", 2, 1),
+        ],
+    ),
 }
 
 
@@ -54,15 +68,18 @@ def test_classification_eigenvalues_and_summary():
     assert blocks[0].bounded  # t e^{-t/4}: the decay wins over the polynomial
     alibi = jordan.classify_generator(generators.alibi_generator())
     assert not alibi[0].bounded  # polynomial growth: e^{0 t} t
-    text = jordan.summarize(jordan.classify_generator(torch.block_diag(generators.rope_generator(4),
-                                                                       generators.decay_generator(1, -1.0))))
+    text = jordan.summarize(
+        jordan.classify_generator(torch.block_diag(generators.rope_generator(4), generators.decay_generator(1, -1.0)))
+    )
     assert "rotation" in text and "growth" in text and "bounded for t -> +inf: no (growth)" in text
     xpos = jordan.classify_generator(generators.xpos_generator(64))
     assert {b.family for b in xpos} == {"damped rotation"} and len(xpos) == 32
 
 
 def test_classification_tolerance_separates_a_tiny_frequency_from_alibi():
-    generator = torch.block_diag(generators.rope_generator(128, dtype=torch.float64), generators.alibi_generator(torch.float64))
+    generator = torch.block_diag(
+        generators.rope_generator(128, dtype=torch.float64), generators.alibi_generator(torch.float64)
+    )
     found = jordan.families(jordan.classify_generator(generator))
     assert found == {"rotation": 128, "real jordan": 2}
 
@@ -85,8 +102,10 @@ def test_real_and_complex_jordan_blocks_are_different_families():
     assert jordan.family_of(complex(0.0, 0.5), 2) == "jordan" and jordan.family_of(complex(-0.1, 0.5), 2) == "jordan"
     assert jordan.family_of(complex(0.1, 0.0), 2) == jordan.family_of(complex(0.1, 0.5), 3) == "growth"
     assert {"real jordan", "jordan"} <= set(jordan.FAMILIES)
-    mixed = torch.block_diag(generators.alibi_generator(torch.float64),
-                             generators.jordan_generator(4, -0.1, 0.7, block=2, dtype=torch.float64))
+    mixed = torch.block_diag(
+        generators.alibi_generator(torch.float64),
+        generators.jordan_generator(4, -0.1, 0.7, block=2, dtype=torch.float64),
+    )
     assert jordan.families(jordan.classify_generator(mixed)) == {"real jordan": 2, "jordan": 4}
 
 
@@ -96,7 +115,8 @@ def test_xpos_damping_is_log_zeta_over_scale_base():
     # log1p vs log of the rounded zeta: they differ by the rounding of zeta amplified by 1 / |ln zeta| <= 90
     assert torch.allclose(damping, reference, rtol=1e-13, atol=0)
     assert jordan.families(jordan.classify_generator(generators.xpos_generator(256, dtype=torch.float64))) == {
-        "damped rotation": 256}
+        "damped rotation": 256
+    }
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
@@ -104,7 +124,8 @@ def test_normal_generators_resolve_small_rates_and_gaps_in_any_dtype(dtype):
     # xPos at D = 256: the slowest pair's damping is -1.1e-5; RoPE at D = 512: the slowest frequencies are 3.7e-6
     # apart. Both are far above the round-off of the stored entries (~1e-7 in float32), though below 100 eps.
     assert jordan.families(jordan.classify_generator(generators.xpos_generator(256, dtype=dtype))) == {
-        "damped rotation": 256}
+        "damped rotation": 256
+    }
     rope = jordan.classify_generator(generators.rope_generator(512, dtype=dtype))
     assert len(rope) == 256 and all(b.multiplicity == 1 for b in rope)
     # an explicit tol still reads parts below tol * ||X|| as zero

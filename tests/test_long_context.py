@@ -1,4 +1,5 @@
 """posenc.lab.long_context: chapter 12's long-context study, its committed files and their readers."""
+
 import json
 import math
 
@@ -37,8 +38,10 @@ def test_committed_long_context_result_has_what_chapter_12_reads():
             assert math.isclose(sum(result["bin_means"][:16]) / 16, result["bands"]["0-8192"], rel_tol=1e-9), name
     # dynamic NTK is plain RoPE up to the trained length and NTK-aware (s = 2) at 16k, by construction
     assert record["methods"]["dynamic NTK"]["bands"]["0-8192"] == record["methods"]["RoPE"]["bands"]["0-8192"]
-    assert record["methods"]["dynamic NTK"]["bands"]["12288-16384"] == \
-        record["methods"]["NTK-aware"]["bands"]["12288-16384"]
+    assert (
+        record["methods"]["dynamic NTK"]["bands"]["12288-16384"]
+        == record["methods"]["NTK-aware"]["bands"]["12288-16384"]
+    )
 
 
 def test_long_context_results_fail_clearly(tmp_path):

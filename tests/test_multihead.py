@@ -1,4 +1,5 @@
 """One attention for three kinds of encoding: equivariance, each kind's effect, masks, errors."""
+
 import pytest
 import torch
 
@@ -46,14 +47,18 @@ def test_each_kind_acts_where_it_should(weights):
     plain_logits = q @ k.transpose(-1, -2) / (D_MODEL // N_HEADS) ** 0.5
     bias = posenc.alibi_bias(LENGTH, n_heads=N_HEADS)
     expected = torch.softmax((plain_logits + bias).masked_fill(~posenc.causal_mask(LENGTH, LENGTH), float("-inf")), -1)
-    _, weights_alibi = posenc.self_attention(x, w_q, w_k, w_v, N_HEADS, encoding=posenc.ALiBi(N_HEADS),
-                                             causal=True, return_weights=True)
+    _, weights_alibi = posenc.self_attention(
+        x, w_q, w_k, w_v, N_HEADS, encoding=posenc.ALiBi(N_HEADS), causal=True, return_weights=True
+    )
     assert torch.allclose(weights_alibi, expected, atol=1e-6)
     # "input": equal to adding the table to x first
     sinusoidal = posenc.SinusoidalInput(D_MODEL)
     added = x + posenc.sinusoidal_encoding(torch.arange(LENGTH), D_MODEL)
-    assert torch.allclose(posenc.self_attention(x, *weights, N_HEADS, encoding=sinusoidal),
-                          posenc.self_attention(added, *weights, N_HEADS), atol=1e-6)
+    assert torch.allclose(
+        posenc.self_attention(x, *weights, N_HEADS, encoding=sinusoidal),
+        posenc.self_attention(added, *weights, N_HEADS),
+        atol=1e-6,
+    )
 
 
 def test_causal_mask_blocks_the_future(weights):

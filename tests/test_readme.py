@@ -12,6 +12,7 @@ supported when avx512 is supported") and inductor's C++ kernels (they reference 
 out). Those examples are skipped there and run in ``make test``; the portable run is for numerics, which they do not
 test.
 """
+
 import importlib.util
 import os
 import re
@@ -41,7 +42,7 @@ def test_the_readme_is_a_short_front_door():
     text = README.read_text()
     assert len(text.splitlines()) <= 120
     for command in ("make book", "make test"):
-        assert f"```bash\n" in text and command in text.split("```bash\n", 1)[1].split("```", 1)[0]
+        assert "```bash\n" in text and command in text.split("```bash\n", 1)[1].split("```", 1)[0]
     screenshot = re.search(r"!\[[^\]]+\]\(([^)]+\.png)\)", text)
     assert screenshot, "the README shows a screenshot of a chapter"
     image = ROOT / screenshot.group(1)

@@ -1,4 +1,5 @@
 """posenc.lab.results: how a results file records the machine, versions and command that made it."""
+
 from posenc.lab import results
 
 

@@ -1,4 +1,5 @@
 """RoPE analysis helpers: the long-range bound, per-pair logits, wrapped angle errors, the relative check."""
+
 import math
 
 import pytest
@@ -50,8 +51,9 @@ def test_upper_bound_bounds_the_logit(distance, seed):
 def test_pair_contributions_sum_to_the_rope_logit(layout, m, n):
     q, k = torch.randn(2, 24, dtype=torch.float64)
     inv_freq, _ = posenc.rope_frequencies(24)
-    logit = (posenc.rotate(q[None], [m], inv_freq, layout=layout) @
-             posenc.rotate(k[None], [n], inv_freq, layout=layout).T).item()
+    logit = (
+        posenc.rotate(q[None], [m], inv_freq, layout=layout) @ posenc.rotate(k[None], [n], inv_freq, layout=layout).T
+    ).item()
     contributions = rope_analysis.pair_logit_contributions(q, k, [m - n], inv_freq, layout)
     assert contributions.shape == (1, 12)
     assert contributions.sum().item() == pytest.approx(logit, abs=1e-3)
@@ -70,8 +72,12 @@ def test_unrotated_pairs_contribute_a_constant():
 def test_wrapped_angle_error():
     reference = torch.tensor([0.0, 1.0, 3.0, -3.0], dtype=torch.float64)
     # 7 turns: the float64 value of 2 pi is off by 2.4e-16 per turn, plus the rounding of reference + 14 pi
-    assert torch.allclose(rope_analysis.wrapped_angle_error(reference + 2 * math.pi * 7, reference),
-                          torch.zeros(4, dtype=torch.float64), atol=1e-14, rtol=0)
+    assert torch.allclose(
+        rope_analysis.wrapped_angle_error(reference + 2 * math.pi * 7, reference),
+        torch.zeros(4, dtype=torch.float64),
+        atol=1e-14,
+        rtol=0,
+    )
     errors = rope_analysis.wrapped_angle_error(torch.tensor([3.0]), torch.tensor([-3.0]))
     assert errors.item() == pytest.approx(2 * math.pi - 6, rel=1e-15)
     assert float(rope_analysis.wrapped_angle_error(torch.randn(100) * 50, torch.randn(100)).max()) <= math.pi
@@ -99,8 +105,9 @@ def test_wrapped_angle_error_against_mpmath(angle, reference):
         difference = abs(mpmath.mpf(angle) - mpmath.mpf(reference))  # exact: 60 digits hold both inputs
         turn = 2 * mpmath.pi
         exact = float(min(mpmath.fmod(difference, turn), turn - mpmath.fmod(difference, turn)))
-    found = rope_analysis.wrapped_angle_error(torch.tensor([angle], dtype=torch.float64),
-                                              torch.tensor([reference], dtype=torch.float64)).item()
+    found = rope_analysis.wrapped_angle_error(
+        torch.tensor([angle], dtype=torch.float64), torch.tensor([reference], dtype=torch.float64)
+    ).item()
     # two roundings: the difference (half an ulp of |angle - reference| <= 2e6), and 2 pi in float64
     # (2.45e-16 per turn, at most 2e6 / 2 pi turns); the result itself is exact given those
     turns = abs(angle - reference) / (2 * math.pi)
@@ -131,14 +138,20 @@ def test_bad_input_names_the_argument():
 
 
 # Abramowitz & Stegun, table 5.1 and the series at small x (Ci(x) = gamma + ln x - x^2/4 + x^4/96 - ...)
-CI_TABLE = {0.5: -0.177784078806612, 1.0: 0.337403922900968, 2.0: 0.422980828774865, 5.0: -0.190029749656644,
-            10.0: -0.045456433004455}
+CI_TABLE = {
+    0.5: -0.177784078806612,
+    1.0: 0.337403922900968,
+    2.0: 0.422980828774865,
+    5.0: -0.190029749656644,
+    10.0: -0.045456433004455,
+}
 
 
 def test_cosine_integral_matches_tabulated_values_and_its_series():
     x = torch.tensor(list(CI_TABLE), dtype=torch.float64)
-    assert torch.allclose(rope_analysis.cosine_integral(x), torch.tensor(list(CI_TABLE.values()), dtype=torch.float64),
-                          rtol=0, atol=1e-10)
+    assert torch.allclose(
+        rope_analysis.cosine_integral(x), torch.tensor(list(CI_TABLE.values()), dtype=torch.float64), rtol=0, atol=1e-10
+    )
     for value, expected in CI_TABLE.items():  # a Python number gives the same float64 result
         assert abs(rope_analysis.cosine_integral(value).item() - expected) < 1e-10
     small = 1e-3

@@ -1,4 +1,5 @@
 """The content-counting task of posenc.lab.tasks: copy the token after the k-th marker."""
+
 import pytest
 import torch
 

@@ -6,6 +6,7 @@ silently (``--follow-imports=silent``), as for any installed package that ships 
 comes first on the path (MYPYPATH), whatever the environment's editable install points at. Not a speed test: the
 first run takes a minute or more (torch's stubs); the cache in _build/mypy_cache makes later runs quick.
 """
+
 import os
 import re
 import subprocess
@@ -35,7 +36,21 @@ def test_mypy_strict_accepts_the_readme_examples_and_the_user_script(tmp_path):
         files[-1].write_text(block)
     env = {**os.environ, "MYPYPATH": str(ROOT)}
     result = subprocess.run(
-        [sys.executable, "-m", "mypy", "--strict", "--follow-imports=silent", "--no-error-summary",
-         "--cache-dir", str(ROOT / "_build" / "mypy_cache"), *map(str, files)],
-        cwd=tmp_path, env=env, capture_output=True, text=True, timeout=900)
+        [
+            sys.executable,
+            "-m",
+            "mypy",
+            "--strict",
+            "--follow-imports=silent",
+            "--no-error-summary",
+            "--cache-dir",
+            str(ROOT / "_build" / "mypy_cache"),
+            *map(str, files),
+        ],
+        cwd=tmp_path,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=900,
+    )
     assert result.returncode == 0, f"mypy --strict:\n{result.stdout}{result.stderr}"

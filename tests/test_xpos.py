@@ -1,4 +1,5 @@
 """posenc.xpos: xPos as RoPE's elementwise pass, against the damped-rotation group it is (GroupEncoding)."""
+
 import pytest
 import torch
 
@@ -14,13 +15,13 @@ def error_bound(x, positions, head_dim, layout, key=False, base=10_000.0, scale_
     ``2 u |t theta|`` (theta and t theta each rounded once), the scale's exponent ``t ln(zeta)/B`` off by ``u |t ln
     zeta/B|`` and a few roundings (exp, cos, sin, the table products, the rotation's two products and sum: 8 u at
     most), each relative to the exact pair's length ``s |x_pair|``."""
-    pairs = posenc.pair_indices(head_dim, layout)                          # (D/2, 2)
+    pairs = posenc.pair_indices(head_dim, layout)  # (D/2, 2)
     theta = base ** (-2 * torch.arange(head_dim // 2, dtype=torch.float64) / head_dim)
     log_scales = xpos_log_scales(head_dim, scale_base).double()
     t = positions.double()[:, None]
     scale = torch.exp((-t if key else t) * log_scales)
-    relative = EPS32 * (2 * t.abs() * theta + t.abs() * log_scales.abs() + 8)   # (T, D/2)
-    pair_norm = x.double()[..., pairs].norm(dim=-1)                            # (..., T, D/2)
+    relative = EPS32 * (2 * t.abs() * theta + t.abs() * log_scales.abs() + 8)  # (T, D/2)
+    pair_norm = x.double()[..., pairs].norm(dim=-1)  # (..., T, D/2)
     per_pair = relative * scale * pair_norm
     bound = torch.empty_like(x, dtype=torch.float64)
     bound[..., pairs[:, 0]] = per_pair
@@ -49,12 +50,15 @@ def test_the_function_and_the_module_agree_and_logits_depend_on_the_offset_only(
     q, k = torch.randn(1, 2, 16, 32), torch.randn(1, 2, 16, 32)
     positions = torch.arange(16)
     module = XPos(32, scale_base=64.0)
-    assert all(torch.equal(a, b) for a, b in zip(apply_xpos_qk(q, k, positions, scale_base=64.0),
-                                                 module.encode_qk(q, k, positions, positions)))
+    assert all(
+        torch.equal(a, b)
+        for a, b in zip(apply_xpos_qk(q, k, positions, scale_base=64.0), module.encode_qk(q, k, positions, positions))
+    )
     # positions shifted by 100 (the authors' centring is such a shift): the same logits up to float32 rounding of
     # the larger angles and scales (relative 1e-4 is 40 times the roundoff of an angle of about 100 rad)
-    logits = lambda shift: torch.einsum("bhid,bhjd->bhij", *module.encode_qk(q, k, positions + shift,
-                                                                             positions + shift))
+    logits = lambda shift: torch.einsum(
+        "bhid,bhjd->bhij", *module.encode_qk(q, k, positions + shift, positions + shift)
+    )
     assert torch.allclose(logits(100), logits(0), rtol=1e-4, atol=1e-4)
 
 
@@ -62,15 +66,16 @@ def test_attention_with_xpos_equals_attention_with_the_group_encoding():
     torch.manual_seed(2)
     q, k, v = (torch.randn(1, 2, 12, 16, dtype=torch.float64) for _ in range(3))
     fast = posenc.attention(q, k, v, encoding=XPos(16), causal=True)
-    dense = posenc.attention(q, k, v, encoding=posenc.GroupEncoding(gens.xpos_generator(16, dtype=torch.float64)),
-                             causal=True)
+    dense = posenc.attention(
+        q, k, v, encoding=posenc.GroupEncoding(gens.xpos_generator(16, dtype=torch.float64)), causal=True
+    )
     # float32 angles (posenc's RoPE tables are float32 whatever the input): relative error ~1e-6 on logits of size ~4
     assert torch.allclose(fast, dense, atol=1e-5)
 
 
 def test_seq_dim_minus_three_equals_the_transposed_call():
     torch.manual_seed(3)
-    q, k = torch.randn(2, 9, 3, 16), torch.randn(2, 9, 3, 16)        # (B, T, H, D)
+    q, k = torch.randn(2, 9, 3, 16), torch.randn(2, 9, 3, 16)  # (B, T, H, D)
     positions = torch.arange(5, 14)
     q_x, k_x = apply_xpos_qk(q, k, positions, seq_dim=-3)
     q_t, k_t = apply_xpos_qk(q.transpose(1, 2), k.transpose(1, 2), positions)

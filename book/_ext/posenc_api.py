@@ -9,6 +9,7 @@ Docstrings name a sibling by its short name (``:func:`rope_generator``` in ``pos
 ``posenc.generators.rope_generator``): a Python reference that Sphinx cannot resolve is looked up among the documented
 ``posenc`` objects by its last components, and linked when exactly one matches; otherwise it stays a warning.
 """
+
 from __future__ import annotations
 
 from sphinx.domains.python import ObjectEntry
@@ -22,15 +23,21 @@ def register_short_names(app, env) -> None:
 
     domain = env.get_domain("py")
     for name in posenc.__all__:
-        homes = [key for key, entry in domain.objects.items()
-                 if key.startswith("posenc.") and key.count(".") == 2 and key.endswith(f".{name}")
-                 and not entry.aliased]
+        homes = [
+            key
+            for key, entry in domain.objects.items()
+            if key.startswith("posenc.") and key.count(".") == 2 and key.endswith(f".{name}") and not entry.aliased
+        ]
         value = getattr(posenc, name)
-        homes = [key for key in homes
-                 if getattr(__import__(key.rsplit(".", 1)[0], fromlist=["_"]), name, None) is value]
+        homes = [
+            key for key in homes if getattr(__import__(key.rsplit(".", 1)[0], fromlist=["_"]), name, None) is value
+        ]
         if len(homes) != 1:
-            logger.warning(f"posenc.{name} (in posenc.__all__) is documented {len(homes)} times in the API "
-                           f"reference: {homes}", type="posenc", subtype="api")
+            logger.warning(
+                f"posenc.{name} (in posenc.__all__) is documented {len(homes)} times in the API reference: {homes}",
+                type="posenc",
+                subtype="api",
+            )
             continue
         entry = domain.objects[homes[0]]
         domain.objects[f"posenc.{name}"] = ObjectEntry(entry.docname, entry.node_id, entry.objtype, aliased=True)
@@ -41,8 +48,13 @@ def resolve_unique_suffix(app, env, node, contnode):
         return None
     target = node["reftarget"].lstrip(".~")
     domain = env.get_domain("py")
-    matches = sorted({key for key, entry in domain.objects.items()
-                      if key.startswith("posenc.") and key.endswith(f".{target}") and not entry.aliased})
+    matches = sorted(
+        {
+            key
+            for key, entry in domain.objects.items()
+            if key.startswith("posenc.") and key.endswith(f".{target}") and not entry.aliased
+        }
+    )
     if len(matches) != 1:
         return None
     return domain.resolve_xref(env, node["refdoc"], app.builder, node["reftype"], matches[0], node, contnode)

@@ -10,6 +10,7 @@
    taken from that same file, and a few lines that swap each ``<i class="fa-...">`` for an inline ``<svg>``, as
    Font Awesome does) and every page's ``<script>`` is pointed at it.
 """
+
 from __future__ import annotations
 
 import json
@@ -23,8 +24,15 @@ FONTAWESOME_SRC = re.compile(r"_static/scripts/fontawesome\.js(\?digest=[0-9a-f]
 ICON_ENTRY = re.compile(r'(?:"([a-z0-9-]+)"|\b([a-z0-9_]+)):\[(\d+),(\d+),\[([^\]]*)\],"[0-9a-f]*","([^"]+)"\]')
 PACK = re.compile(r'\bd\("(fab|far|fas)",[A-Za-z_$]+\)')
 ICON_CLASS = re.compile(r"\bfa-([a-z0-9-]+)")
-STYLE_PREFIX = {"fa-brands": "fab", "fab": "fab", "fa-regular": "far", "far": "far", "fa-solid": "fas",
-                "fas": "fas", "fa": "fas"}
+STYLE_PREFIX = {
+    "fa-brands": "fab",
+    "fab": "fab",
+    "fa-regular": "far",
+    "far": "far",
+    "fa-solid": "fas",
+    "fas": "fas",
+    "fa": "fas",
+}
 
 
 def _script_key(script) -> tuple:
@@ -64,14 +72,16 @@ def icon_table(fontawesome_js: str) -> dict:
 def used_icons(outdir: Path, table: dict) -> dict:
     """The icons named in the built pages and the theme's scripts: prefix -> {name: icon}."""
     names = set()
-    for path in list(outdir.rglob("*.html")) + [p for p in (outdir / "_static").rglob("*.js")
-                                                 if not p.name.startswith(("fontawesome", "mathjax"))
-                                                 and "mathjax" not in p.parts]:
+    for path in list(outdir.rglob("*.html")) + [
+        p
+        for p in (outdir / "_static").rglob("*.js")
+        if not p.name.startswith(("fontawesome", "mathjax")) and "mathjax" not in p.parts
+    ]:
         names.update(ICON_CLASS.findall(path.read_text(encoding="utf-8", errors="ignore")))
     return {prefix: {name: icons[name] for name in sorted(names) if name in icons} for prefix, icons in table.items()}
 
 
-ICONS_JS = """/* The few Font Awesome icons the book uses, as inline SVG (written by book/_ext/posenc_sphinx_fixes.py). */
+ICONS_JS = """/* The few Font Awesome icons the book uses, as inline SVG (posenc_sphinx_fixes.py). */
 (function () {
   var icons = %s;
   var styles = %s;
@@ -140,8 +150,9 @@ def write_icons(app, exception) -> None:
         return
     icons = used_icons(outdir, icon_table(source.read_text(encoding="utf-8")))
     styles = {name: prefix for name, prefix in STYLE_PREFIX.items() if name != "fa"}
-    (outdir / "_static" / ICONS).write_text(ICONS_JS % (json.dumps(icons, separators=(",", ":")),
-                                                         json.dumps(styles)), encoding="utf-8")
+    (outdir / "_static" / ICONS).write_text(
+        ICONS_JS % (json.dumps(icons, separators=(",", ":")), json.dumps(styles)), encoding="utf-8"
+    )
     for page in outdir.rglob("*.html"):
         text = page.read_text(encoding="utf-8")
         swapped = FONTAWESOME_SRC.sub("_static/" + ICONS, text)

@@ -1,4 +1,5 @@
 """What the book consists of: the notebooks and pages listed in _toc.yml, and their time targets."""
+
 from __future__ import annotations
 
 from pathlib import Path
@@ -84,6 +85,6 @@ def setup_cell_source(root: Path = ROOT, ref: str = SETUP_CELL_REF) -> str:
     return (
         "# Setup: in Colab, install posenc from the book's repository; elsewhere this cell does nothing.\n"
         "import sys\n"
-        "if \"google.colab\" in sys.modules:\n"
-        f"    %pip install --quiet \"posenc[minilm] @ git+https://github.com/{slug}@{ref}\""
+        'if "google.colab" in sys.modules:\n'
+        f'    %pip install --quiet "posenc[minilm] @ git+https://github.com/{slug}@{ref}"'
     )

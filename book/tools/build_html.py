@@ -17,6 +17,7 @@ The site root, index.html, is Jupyter Book's redirect page: it gets the book's i
 favicon.ico beside it), so a browser opening the bare address asks for no missing /favicon.ico.
 Run as a module from the repository root: ``python -m book.tools.build_html``.
 """
+
 from __future__ import annotations
 
 import os
@@ -52,8 +53,10 @@ def copy_frames(notebooks: list[Path], target: Path) -> int:
     source = frames_dir()
     missing = sorted(name for name in names if not (source / name).exists())
     if missing:
-        raise SystemExit(f"{len(missing)} figure files the executed notebooks refer to are not in {source} "
-                         f"(e.g. {missing[0]}): run python -m book.tools.run_notebooks again")
+        raise SystemExit(
+            f"{len(missing)} figure files the executed notebooks refer to are not in {source} "
+            f"(e.g. {missing[0]}): run python -m book.tools.run_notebooks again"
+        )
     target.mkdir(parents=True, exist_ok=True)
     for name in names:
         shutil.copyfile(source / name, target / name)
@@ -64,8 +67,9 @@ def present_toc() -> dict:
     """_toc.yml without entries whose file does not exist yet (tests/test_book.py fails on those)."""
     toc = yaml.safe_load((ROOT / "_toc.yml").read_text())
     for part in toc.get("parts", []):
-        part["chapters"] = [c for c in part["chapters"]
-                            if any((ROOT / f"{c['file']}{suffix}").exists() for suffix in (".ipynb", ".md"))]
+        part["chapters"] = [
+            c for c in part["chapters"] if any((ROOT / f"{c['file']}{suffix}").exists() for suffix in (".ipynb", ".md"))
+        ]
     toc["parts"] = [part for part in toc.get("parts", []) if part["chapters"]]
     return toc
 
@@ -107,8 +111,11 @@ def stage(ref: str | None = None) -> Path:
     print(f"staged {len(staged)} executed notebooks and {count} figure files", flush=True)
     if ref:
         written = write_pinned_notebooks(ref)
-        print(f"published build of {ref}: Colab links open the {len(written)} pinned copies in "
-              f"{written[0].parent.parent.relative_to(ROOT)}", flush=True)
+        print(
+            f"published build of {ref}: Colab links open the {len(written)} pinned copies in "
+            f"{written[0].parent.parent.relative_to(ROOT)}",
+            flush=True,
+        )
     return STAGE
 
 
@@ -125,7 +132,7 @@ def icon_at_root(html_dir: Path) -> None:
     text = re.sub(r'<link rel="icon"[^>]*>\n?', "", index.read_text(encoding="utf-8"))  # an earlier build's
     head = re.search(r"<head[^>]*>", text)
     # Jupyter Book's redirect page is a bare <meta http-equiv="Refresh">, without <head>: the link goes first
-    text = text[:head.end()] + link + text[head.end():] if head else f"{link}\n{text}"
+    text = text[: head.end()] + link + text[head.end() :] if head else f"{link}\n{text}"
     index.write_text(text, encoding="utf-8")
 
 
@@ -133,8 +140,17 @@ def build() -> int:
     ref = publish_ref()
     PUBLISHED_REF_FILE.unlink(missing_ok=True)
     stage(ref)
-    command = [str(Path(sys.executable).parent / "jupyter-book"), "build", str(STAGE), "--path-output", str(ROOT),
-               "--all", "-n", "-W", "--keep-going"]
+    command = [
+        str(Path(sys.executable).parent / "jupyter-book"),
+        "build",
+        str(STAGE),
+        "--path-output",
+        str(ROOT),
+        "--all",
+        "-n",
+        "-W",
+        "--keep-going",
+    ]
     print("+", " ".join(command), flush=True)
     # the API pages document the posenc of this checkout, whatever the environment's editable install points at
     env = {**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, [str(ROOT), os.environ.get("PYTHONPATH")]))}

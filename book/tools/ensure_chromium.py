@@ -10,6 +10,7 @@ Run from the repository root as ``python -m book.tools.ensure_chromium`` (``make
 which one, and when there is none it gets one: Debian's ``chromium`` package where it may (root with apt-get, as
 on CI), otherwise ``playwright install chromium``, which needs no root.
 """
+
 from __future__ import annotations
 
 import os
@@ -47,8 +48,10 @@ def find_chromium() -> tuple[str | None, str]:
     own = playwright_chromium()
     if own is not None:
         return None, f"Playwright's Chromium ({own})"
-    raise FileNotFoundError("no Chromium for the browser tests: install Debian's (apt-get install chromium), or run "
-                            f"`{sys.executable} -m playwright install chromium`, or set POSENC_CHROMIUM to a binary")
+    raise FileNotFoundError(
+        "no Chromium for the browser tests: install Debian's (apt-get install chromium), or run "
+        f"`{sys.executable} -m playwright install chromium`, or set POSENC_CHROMIUM to a binary"
+    )
 
 
 def install() -> None:
@@ -56,8 +59,11 @@ def install() -> None:
         print("ensure_chromium: no Chromium found; installing Debian's chromium with apt-get", flush=True)
         env = {**os.environ, "DEBIAN_FRONTEND": "noninteractive"}
         subprocess.run(["apt-get", "update"], check=True, env=env)
-        subprocess.run(["apt-get", "install", "-y", "--no-install-recommends", "chromium", "fonts-dejavu-core"],
-                       check=True, env=env)
+        subprocess.run(
+            ["apt-get", "install", "-y", "--no-install-recommends", "chromium", "fonts-dejavu-core"],
+            check=True,
+            env=env,
+        )
     else:
         print("ensure_chromium: no Chromium found; running `playwright install chromium`", flush=True)
         subprocess.run([sys.executable, "-m", "playwright", "install", "chromium"], check=True)

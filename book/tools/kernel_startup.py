@@ -5,6 +5,7 @@ static page keeps as a dead widget (transformers' bar while it dequantises chapt
 cache is missing). Here both name tqdm's text bar instead, which ``TQDM_DISABLE=1`` (run_notebooks.KERNEL_ENV) turns
 off. Nothing is left in the notebook's namespace.
 """
+
 import sys as _sys
 
 try:

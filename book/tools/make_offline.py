@@ -14,6 +14,7 @@
 
 Run by build_html.py after ``jupyter-book build``; alone: ``python -m book.tools.make_offline``.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -34,12 +35,29 @@ MATHJAX_PATH = "mathjax/tex-chtml.js"  # relative to _static; what sphinx-mathja
 
 # <tag attribute> pairs whose URL the browser fetches without a click
 LOADING_ATTRIBUTES = {
-    "script": ("src",), "img": ("src", "srcset"), "source": ("src", "srcset"), "iframe": ("src",),
-    "frame": ("src",), "embed": ("src",), "object": ("data",), "video": ("src", "poster"), "audio": ("src",),
-    "track": ("src",), "input": ("src",),
+    "script": ("src",),
+    "img": ("src", "srcset"),
+    "source": ("src", "srcset"),
+    "iframe": ("src",),
+    "frame": ("src",),
+    "embed": ("src",),
+    "object": ("data",),
+    "video": ("src", "poster"),
+    "audio": ("src",),
+    "track": ("src",),
+    "input": ("src",),
 }
-LOADING_LINK_RELS = {"stylesheet", "preload", "modulepreload", "prefetch", "icon", "shortcut", "apple-touch-icon",
-                     "manifest", "mask-icon"}
+LOADING_LINK_RELS = {
+    "stylesheet",
+    "preload",
+    "modulepreload",
+    "prefetch",
+    "icon",
+    "shortcut",
+    "apple-touch-icon",
+    "manifest",
+    "mask-icon",
+}
 CSS_URL = re.compile(r"""url\(\s*['"]?([^'")]+)['"]?\s*\)|@import\s+['"]([^'"]+)['"]""")
 
 
@@ -47,8 +65,10 @@ def check_mathjax_bundle(html_dir: Path = HTML_DIR) -> list[str]:
     """Problems with the MathJax copied into ``<html_dir>/_static/mathjax`` by sphinx-mathjax-offline."""
     entry = html_dir / "_static" / MATHJAX_PATH
     if not entry.is_file():
-        return [f"_static/{MATHJAX_PATH} is missing: is {MATHJAX_EXTENSION} installed (pip install -r "
-                f"requirements.txt) and listed in _config.yml under sphinx.extra_extensions?"]
+        return [
+            f"_static/{MATHJAX_PATH} is missing: is {MATHJAX_EXTENSION} installed (pip install -r "
+            f"requirements.txt) and listed in _config.yml under sphinx.extra_extensions?"
+        ]
     if f'"{MATHJAX_VERSION}"' not in entry.read_text(encoding="utf-8", errors="replace"):
         return [f"_static/{MATHJAX_PATH} is not MathJax {MATHJAX_VERSION}"]
     fonts = html_dir / "_static" / "mathjax" / "output" / "chtml" / "fonts" / "woff-v2"
@@ -120,8 +140,11 @@ def problems_with(url: str, base: str, html_dir: Path) -> str | None:
 
 def site_pages(html_dir: Path = HTML_DIR) -> list[Path]:
     """The HTML pages of the site (not the theme's template snippets under _static or the sources)."""
-    return sorted(p for p in html_dir.rglob("*.html")
-                  if p.is_file() and p.relative_to(html_dir).parts[0] not in ("_static", "_sources"))
+    return sorted(
+        p
+        for p in html_dir.rglob("*.html")
+        if p.is_file() and p.relative_to(html_dir).parts[0] not in ("_static", "_sources")
+    )
 
 
 def audit(html_dir: Path = HTML_DIR) -> list[str]:
@@ -161,8 +184,10 @@ def main(argv=None) -> int:
     if not (args.html_dir / "index.html").exists():
         raise SystemExit(f"make_offline: no built book in {args.html_dir}")
     if configured_mathjax_path() != MATHJAX_PATH:
-        raise SystemExit(f"make_offline: _config.yml must set sphinx.config.mathjax_path: {MATHJAX_PATH} "
-                         f"(found {configured_mathjax_path()!r})")
+        raise SystemExit(
+            f"make_offline: _config.yml must set sphinx.config.mathjax_path: {MATHJAX_PATH} "
+            f"(found {configured_mathjax_path()!r})"
+        )
     if MATHJAX_EXTENSION not in configured_extensions():
         raise SystemExit(f"make_offline: _config.yml must list {MATHJAX_EXTENSION} in sphinx.extra_extensions")
     failures = check_mathjax_bundle(args.html_dir) + audit(args.html_dir) + check_mathjax_pages(args.html_dir)

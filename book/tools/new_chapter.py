@@ -3,6 +3,7 @@
 Usage, from the repository root: ``python -m book.tools.new_chapter notebooks/13_name.ipynb "Title"``.
 Add the file to _toc.yml afterwards (see README.md, "Adding a chapter").
 """
+
 from __future__ import annotations
 
 import argparse
@@ -17,10 +18,12 @@ def new_chapter(path: Path, title: str) -> None:
     if path.exists():
         raise SystemExit(f"{path} exists already")
     nb = nbformat.v4.new_notebook()
-    nb.metadata.update({
-        "kernelspec": {"name": "python3", "display_name": "Python 3", "language": "python"},
-        "language_info": {"name": "python"},
-    })
+    nb.metadata.update(
+        {
+            "kernelspec": {"name": "python3", "display_name": "Python 3", "language": "python"},
+            "language_info": {"name": "python"},
+        }
+    )
     nb.cells = [
         nbformat.v4.new_markdown_cell(f"# {title}\n\nWhat this chapter shows, in two sentences."),
         nbformat.v4.new_code_cell(setup_cell_source()),
@@ -30,8 +33,11 @@ def new_chapter(path: Path, title: str) -> None:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m book.tools.new_chapter", description=__doc__,
-                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = argparse.ArgumentParser(
+        prog="python -m book.tools.new_chapter",
+        description=__doc__,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
     parser.add_argument("path", type=Path, help="the new notebook, e.g. notebooks/13_my_topic.ipynb")
     parser.add_argument("title", help="the chapter's title (its first heading)")
     args = parser.parse_args(argv)

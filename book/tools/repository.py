@@ -11,6 +11,7 @@ opens in Colab a copy of its notebook whose setup cell installs posenc at that c
 to the repository's ``colab`` branch, and the page's Colab link opens
 ``github/<owner>/<name>/blob/colab/<commit>/notebooks/<chapter>.ipynb``. Older pages keep their own folder there.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -54,8 +55,9 @@ def mismatches(root: Path = ROOT) -> list[str]:
     if not re.search(rf'pip install "posenc(\[[\w,]+\])? @ git\+https://github\.com/{re.escape(slug)}[@"]', readme):
         found.append(f'README.md: no install line `pip install "posenc @ git+https://github.com/{slug}"`')
     found += [f"README.md: names github.com/{other}" for other in sorted(set(GITHUB_REPO.findall(readme)) - {slug})]
-    found += [f"README.md: names {m.group(0)}" for m in PAGES_REPO.finditer(readme)
-              if m.group(0) + "/" != pages_url(root)]
+    found += [
+        f"README.md: names {m.group(0)}" for m in PAGES_REPO.finditer(readme) if m.group(0) + "/" != pages_url(root)
+    ]
     urls = _pyproject_urls(root)
     if urls != project_urls(root):
         found.append(f"pyproject.toml: [project.urls] is {urls}, expected {project_urls(root)}")
@@ -155,8 +157,11 @@ def colab_url(entry: str, ref: str | None = None, root: Path = ROOT) -> str:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m book.tools.repository", description=__doc__,
-                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = argparse.ArgumentParser(
+        prog="python -m book.tools.repository",
+        description=__doc__,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
     parser.add_argument("command", choices=("check", "sync"))
     args = parser.parse_args(argv)
     if args.command == "sync":

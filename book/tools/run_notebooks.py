@@ -15,6 +15,7 @@ live ipywidgets, as Jupyter and Colab show them: then matplotlib keeps the kerne
 
 The kernels are local processes, reached over Unix sockets (IPC transport), not TCP.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -27,8 +28,14 @@ import uuid
 from concurrent.futures import ProcessPoolExecutor, as_completed
 from pathlib import Path
 
-from book.tools.book_files import (HANG_GUARD_FACTOR, ROOT, executed_dir, hang_guard_seconds, target_seconds,
-                                   toc_notebooks)
+from book.tools.book_files import (
+    HANG_GUARD_FACTOR,
+    ROOT,
+    executed_dir,
+    hang_guard_seconds,
+    target_seconds,
+    toc_notebooks,
+)
 
 KERNEL_ENV = {
     "HF_HUB_OFFLINE": "1",
@@ -55,8 +62,14 @@ def kernel_env(figures: str, threads: int) -> dict:
     # the kernels start in notebooks/: PYTHONPATH makes them import this checkout's posenc, also where the venv's
     # editable install points at another checkout (a git worktree sharing the venv)
     path = os.pathsep.join(filter(None, [str(ROOT), os.environ.get("PYTHONPATH", "")]))
-    env = {**os.environ, **KERNEL_ENV, "POSENC_FIGURES": figures, "PYTHONPATH": path,
-           "OMP_NUM_THREADS": str(threads), "MKL_NUM_THREADS": str(threads)}
+    env = {
+        **os.environ,
+        **KERNEL_ENV,
+        "POSENC_FIGURES": figures,
+        "PYTHONPATH": path,
+        "OMP_NUM_THREADS": str(threads),
+        "MKL_NUM_THREADS": str(threads),
+    }
     if figures == "live":
         env.pop("MPLBACKEND")
     return env
@@ -89,8 +102,11 @@ def log_dir(output_dir: Path) -> Path:
 
 def widget_views(nb) -> list[int]:
     """Indices of the cells whose outputs hold an ipywidgets view (dead on a static page)."""
-    return [i for i, cell in enumerate(nb.cells) if cell.cell_type == "code"
-            and any(WIDGET_VIEW in output.get("data", {}) for output in cell.get("outputs", []))]
+    return [
+        i
+        for i, cell in enumerate(nb.cells)
+        if cell.cell_type == "code" and any(WIDGET_VIEW in output.get("data", {}) for output in cell.get("outputs", []))
+    ]
 
 
 def execute(path: str, threads: int, output_dir: str | None = None, figures: str = "static") -> dict:
@@ -111,29 +127,52 @@ def execute(path: str, threads: int, output_dir: str | None = None, figures: str
         deadline = start + guard
         nb = nbformat.read(notebook_path, as_version=4)
 
-        def remaining(cell):  # each cell may use what is left of the chapter's hang guard
+        def remaining(cell, deadline=deadline):  # each cell may use what is left of the chapter's hang guard
             return max(1, int(deadline - time.perf_counter()) + 1)
 
         def started(cell, cell_index, **_):
             current["cell"] = cell_index
 
-        client = NotebookClient(nb, kernel_name="python3", config=kernel_config(), startup_timeout=120,
-                                extra_arguments=kernel_arguments(figures), timeout_func=remaining,
-                                on_cell_execute=started,
-                                resources={"metadata": {"path": str(notebook_path.parent)}})
+        client = NotebookClient(
+            nb,
+            kernel_name="python3",
+            config=kernel_config(),
+            startup_timeout=120,
+            extra_arguments=kernel_arguments(figures),
+            timeout_func=remaining,
+            on_cell_execute=started,
+            resources={"metadata": {"path": str(notebook_path.parent)}},
+        )
         try:
             client.execute(env=env)
         except CellTimeoutError:
             index = current["cell"]
-            record.update(ok=False, cell=index, source=nb.cells[index].source if index is not None else "",
-                          error=(f"hang guard: the chapter was still running after {guard} s, {HANG_GUARD_FACTOR} "
-                                 f"times its time target of {record['target']} s, so it was stopped in this cell. "
-                                 "Time targets are reported, not enforced; only a run this long fails (a hang)."))
+            record.update(
+                ok=False,
+                cell=index,
+                source=nb.cells[index].source if index is not None else "",
+                error=(
+                    f"hang guard: the chapter was still running after {guard} s, {HANG_GUARD_FACTOR} "
+                    f"times its time target of {record['target']} s, so it was stopped in this cell. "
+                    "Time targets are reported, not enforced; only a run this long fails (a hang)."
+                ),
+            )
         except CellExecutionError as error:
-            index = next((i for i, cell in enumerate(nb.cells) if cell.cell_type == "code"
-                          and any(o.get("output_type") == "error" for o in cell.get("outputs", []))), current["cell"])
-            record.update(ok=False, cell=index, source=nb.cells[index].source if index is not None else "",
-                          error=error_text(nb, index) or ANSI.sub("", str(error)))
+            index = next(
+                (
+                    i
+                    for i, cell in enumerate(nb.cells)
+                    if cell.cell_type == "code"
+                    and any(o.get("output_type") == "error" for o in cell.get("outputs", []))
+                ),
+                current["cell"],
+            )
+            record.update(
+                ok=False,
+                cell=index,
+                source=nb.cells[index].source if index is not None else "",
+                error=error_text(nb, index) or ANSI.sub("", str(error)),
+            )
         except Exception as error:  # the kernel itself failed to start or died: once more
             if attempt == 2:
                 record.update(ok=False, cell=current["cell"], source="", error=f"kernel failure: {error!r}")
@@ -144,9 +183,13 @@ def execute(path: str, threads: int, output_dir: str | None = None, figures: str
     record["seconds"] = round(time.perf_counter() - start, 2)
     if record["ok"] and figures == "static" and widget_views(nb):
         cells = widget_views(nb)
-        record.update(ok=False, cell=cells[0], source=nb.cells[cells[0]].source,
-                      error=f"cells {cells} display an ipywidgets view, which a static page cannot show (a progress "
-                            "bar? book/tools/kernel_startup.py and TQDM_DISABLE keep tqdm's off)")
+        record.update(
+            ok=False,
+            cell=cells[0],
+            source=nb.cells[cells[0]].source,
+            error=f"cells {cells} display an ipywidgets view, which a static page cannot show (a progress "
+            "bar? book/tools/kernel_startup.py and TQDM_DISABLE keep tqdm's off)",
+        )
     target = output_dir / relative
     target.parent.mkdir(parents=True, exist_ok=True)
     nbformat.write(nb, target)
@@ -156,9 +199,13 @@ def execute(path: str, threads: int, output_dir: str | None = None, figures: str
 
 def stderr_of(nb) -> list[str]:
     """What the cells wrote to stderr (warnings, mostly), each headed by its cell's index."""
-    return [f"--- cell {i} stderr ---\n{ANSI.sub('', output.get('text', '')).rstrip()}"
-            for i, cell in enumerate(nb.cells) if cell.cell_type == "code"
-            for output in cell.get("outputs", []) if output.get("name") == "stderr"]
+    return [
+        f"--- cell {i} stderr ---\n{ANSI.sub('', output.get('text', '')).rstrip()}"
+        for i, cell in enumerate(nb.cells)
+        if cell.cell_type == "code"
+        for output in cell.get("outputs", [])
+        if output.get("name") == "stderr"
+    ]
 
 
 def error_text(nb, index) -> str:
@@ -175,11 +222,18 @@ def error_text(nb, index) -> str:
 def write_log(record: dict, directory: Path, stderr: list[str] = ()) -> Path:
     directory.mkdir(parents=True, exist_ok=True)
     path = directory / f"{Path(record['notebook']).stem}.log"
-    lines = [f"{record['notebook']}: {'ok' if record['ok'] else 'FAILED'} in {record.get('seconds')} s "
-             f"(target {record['target']} s, hang guard {record['hang_guard']} s)"]
+    lines = [
+        f"{record['notebook']}: {'ok' if record['ok'] else 'FAILED'} in {record.get('seconds')} s "
+        f"(target {record['target']} s, hang guard {record['hang_guard']} s)"
+    ]
     if not record["ok"]:
-        lines += [f"cell {record['cell']} (position in the notebook's cell list)", "--- cell source ---",
-                  record["source"], "--- error ---", record["error"]]
+        lines += [
+            f"cell {record['cell']} (position in the notebook's cell list)",
+            "--- cell source ---",
+            record["source"],
+            "--- error ---",
+            record["error"],
+        ]
     lines += stderr
     path.write_text("\n".join(lines) + "\n", encoding="utf-8")
     return path.resolve()
@@ -195,8 +249,10 @@ def failure_summary(record: dict) -> str:
     lines = record["error"].splitlines()
     head = "\n".join(f"    {line}" for line in lines[:ERROR_LINES])
     more = f"\n    ... ({len(lines) - ERROR_LINES} more lines)" if len(lines) > ERROR_LINES else ""
-    return (f"{Path(record['notebook']).stem} FAILED in cell {record['cell']}:\n{head}{more}\n"
-            f"  full log: {display_path(record['log'])}")
+    return (
+        f"{Path(record['notebook']).stem} FAILED in cell {record['cell']}:\n{head}{more}\n"
+        f"  full log: {display_path(record['log'])}"
+    )
 
 
 def progress_line(record: dict, done: int, total: int) -> str:
@@ -215,8 +271,11 @@ def run(names=(), jobs: int = 2, output_dir: Path | None = None, figures: str = 
     notebooks.sort(key=lambda p: -previous.get(str(p.relative_to(ROOT)), {}).get("seconds", 0))
     threads = max(1, (os.cpu_count() or 1) // jobs)  # as in a full run, however few chapters are selected
     jobs = max(1, min(jobs, len(notebooks)))
-    print(f"executing {len(notebooks)} chapter{'s' * (len(notebooks) > 1)}, {jobs} at a time, each on a fresh local "
-          f"kernel; logs in {display_path(log_dir(output_dir))}", flush=True)
+    print(
+        f"executing {len(notebooks)} chapter{'s' * (len(notebooks) > 1)}, {jobs} at a time, each on a fresh local "
+        f"kernel; logs in {display_path(log_dir(output_dir))}",
+        flush=True,
+    )
     records = []
     with ProcessPoolExecutor(max_workers=jobs) as pool:
         futures = [pool.submit(execute, str(p), threads, str(output_dir), figures) for p in notebooks]
@@ -242,12 +301,16 @@ def time_table(records: list[dict]) -> str:
         status = "over" if late else ""
         if not record.get("ok", True):
             status = (status + " FAILED").strip()
-        rows.append(f"{Path(record['notebook']).stem:28s} {seconds if seconds is not None else '-':>8} "
-                    f"{target:>7d}  {status}".rstrip())
+        rows.append(
+            f"{Path(record['notebook']).stem:28s} {seconds if seconds is not None else '-':>8} "
+            f"{target:>7d}  {status}".rstrip()
+        )
     total = sum(r.get("seconds") or 0 for r in records)
     rows.append(f"{'sum':28s} {total:8.1f}")
-    rows.append(f"{over} of {len(records)} over target. Time targets (idle 2-core machine) are reported, never "
-                f"enforced; a chapter fails only past {HANG_GUARD_FACTOR}x its target (hang guard).")
+    rows.append(
+        f"{over} of {len(records)} over target. Time targets (idle 2-core machine) are reported, never "
+        f"enforced; a chapter fails only past {HANG_GUARD_FACTOR}x its target (hang guard)."
+    )
     return "\n".join(rows)
 
 
@@ -259,18 +322,35 @@ def last_records(output_dir: Path | None = None) -> list[dict]:
 
 
 def main() -> int:
-    parser = argparse.ArgumentParser(prog="python -m book.tools.run_notebooks", description=__doc__,
-                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = argparse.ArgumentParser(
+        prog="python -m book.tools.run_notebooks",
+        description=__doc__,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
     parser.add_argument("names", nargs="*")
     parser.add_argument("--jobs", type=int, default=int(os.environ.get("POSENC_JOBS", "2")))
-    parser.add_argument("--output-dir", type=Path, default=None,
-                        help="where the executed copies go (default: _build/executed, which the HTML build reads)")
-    parser.add_argument("--figures", choices=FIGURE_MODES, default=os.environ.get("POSENC_RUN_FIGURES", "static"),
-                        help="static sliders (the book build, default) or live ipywidgets (Jupyter, Colab)")
-    parser.add_argument("--no-table", action="store_true",
-                        help="no time table after a successful run (make book prints it at its very end)")
-    parser.add_argument("--report", action="store_true",
-                        help="execute nothing: print the time table of the last run recorded in times.json")
+    parser.add_argument(
+        "--output-dir",
+        type=Path,
+        default=None,
+        help="where the executed copies go (default: _build/executed, which the HTML build reads)",
+    )
+    parser.add_argument(
+        "--figures",
+        choices=FIGURE_MODES,
+        default=os.environ.get("POSENC_RUN_FIGURES", "static"),
+        help="static sliders (the book build, default) or live ipywidgets (Jupyter, Colab)",
+    )
+    parser.add_argument(
+        "--no-table",
+        action="store_true",
+        help="no time table after a successful run (make book prints it at its very end)",
+    )
+    parser.add_argument(
+        "--report",
+        action="store_true",
+        help="execute nothing: print the time table of the last run recorded in times.json",
+    )
     args = parser.parse_args()
     if args.report:
         records = last_records(args.output_dir)

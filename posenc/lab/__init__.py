@@ -13,4 +13,5 @@
 
 ``import posenc`` does not import it; ``posenc.lab`` (or ``from posenc.lab import <module>``) does.
 """
+
 from . import embeddings, experiments, geometry, interactive, language_model, results, tables, tasks  # noqa: F401

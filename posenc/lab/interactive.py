@@ -38,6 +38,7 @@ a few colours (no PNG optimisation pass: it would cost more than the drawing at 
 ``POSENC_REDRAW_LOG=<file>`` makes every displayed figure time its live redraws and append one
 JSON line per figure to that file (``benchmarks/run.py`` does this for every figure of the book).
 """
+
 from __future__ import annotations
 
 import base64
@@ -138,22 +139,22 @@ def _min_font_pt(fig) -> float | None:
                     hidden.update((id(tick.label1), id(tick.label2)))
         if not ax.get_visible():
             hidden.update(id(t) for t in ax.findobj(Text))
-    sizes = [t.get_fontsize() for t in fig.findobj(Text)
-             if id(t) not in hidden and t.get_visible() and t.get_text().strip()]
+    sizes = [
+        t.get_fontsize() for t in fig.findobj(Text) if id(t) not in hidden and t.get_visible() and t.get_text().strip()
+    ]
     return min(sizes) if sizes else None
 
 
 class StaticImage:
     """One rendered static image: its ``src`` (URL or data URI), pixel size, and font facts."""
 
-    def __init__(self, src: str, width: int, height: int, min_font_pt: float | None, fig_width_in: float,
-                 nbytes: int):
+    def __init__(self, src: str, width: int, height: int, min_font_pt: float | None, fig_width_in: float, nbytes: int):
         self.src, self.width, self.height = src, width, height
         self.min_font_pt, self.fig_width_in, self.nbytes = min_font_pt, fig_width_in, nbytes
 
     def attributes(self) -> str:
         font = f' data-min-font-pt="{self.min_font_pt:.3g}"' if self.min_font_pt else ""
-        return (f'width="{self.width}" height="{self.height}"{font} data-fig-width-in="{self.fig_width_in:.4g}"')
+        return f'width="{self.width}" height="{self.height}"{font} data-fig-width-in="{self.fig_width_in:.4g}"'
 
 
 def _static_png(fig, colors: int | None) -> tuple[bytes, int, int]:
@@ -230,9 +231,11 @@ def _subsample(values: Sequence, max_frames: int) -> list:
 
 def _figure_html(image: StaticImage, caption: str) -> str:
     alt = html.escape(caption, quote=True)
-    return (f'<figure class="posenc-figure"><img class="posenc-img" src="{html.escape(image.src, quote=True)}" '
-            f'alt="{alt}" {image.attributes()} loading="lazy"><figcaption>{html.escape(caption)}</figcaption>'
-            '</figure>')
+    return (
+        f'<figure class="posenc-figure"><img class="posenc-img" src="{html.escape(image.src, quote=True)}" '
+        f'alt="{alt}" {image.attributes()} loading="lazy"><figcaption>{html.escape(caption)}</figcaption>'
+        "</figure>"
+    )
 
 
 def show_figure(fig, caption: str):
@@ -265,9 +268,21 @@ class InteractiveFigure:
     how many artists the figure or an axes holds raises a ``ValueError`` (and the next redraw starts afresh).
     """
 
-    def __init__(self, draw: Callable, sliders: dict, caption: str, *, defaults: dict | None = None,
-                 figsize=(6.4, 3.6), dpi: int = 72, max_frames: int = 30, max_total_frames: int = 64,
-                 max_bytes: int = 1_500_000, colors: int | None = 64, keep_axes: bool = False):
+    def __init__(
+        self,
+        draw: Callable,
+        sliders: dict,
+        caption: str,
+        *,
+        defaults: dict | None = None,
+        figsize=(6.4, 3.6),
+        dpi: int = 72,
+        max_frames: int = 30,
+        max_total_frames: int = 64,
+        max_bytes: int = 1_500_000,
+        colors: int | None = 64,
+        keep_axes: bool = False,
+    ):
         if not callable(draw):
             raise TypeError(f"draw must be callable as draw(fig, **values), got {type(draw).__name__}")
         if not isinstance(sliders, dict) or not sliders:
@@ -323,9 +338,11 @@ class InteractiveFigure:
             if _census(fig) != before:
                 fig.clear()
                 self._axes_kept = False
-                raise ValueError(f"draw changed the axes or the number of artists on a keep_axes redraw of "
-                                 f"{self.caption!r}; with keep_axes=True it must build the figure only when fig.axes "
-                                 "is empty and afterwards update what it built (or pass keep_axes=False)")
+                raise ValueError(
+                    f"draw changed the axes or the number of artists on a keep_axes redraw of "
+                    f"{self.caption!r}; with keep_axes=True it must build the figure only when fig.axes "
+                    "is empty and afterwards update what it built (or pass keep_axes=False)"
+                )
             return fig
         fig.clear()
         self._axes_kept = False
@@ -380,11 +397,16 @@ class InteractiveFigure:
         if not path:
             return
         wall, process = self.redraw_times(repeats=7, cpu=True)
-        record = {"caption": self.caption, "sliders": {k: len(v) for k, v in self.sliders.items()},
-                  "median_ms": round(1e3 * sorted(wall)[len(wall) // 2], 1), "max_ms": round(1e3 * max(wall), 1),
-                  "median_cpu_ms": round(1e3 * sorted(process)[len(process) // 2], 1),
-                  "times_ms": [round(1e3 * t, 1) for t in wall], "axes": len(_all_axes(self.figure)),
-                  "load_average": round(os.getloadavg()[0], 2) if hasattr(os, "getloadavg") else None}
+        record = {
+            "caption": self.caption,
+            "sliders": {k: len(v) for k, v in self.sliders.items()},
+            "median_ms": round(1e3 * sorted(wall)[len(wall) // 2], 1),
+            "max_ms": round(1e3 * max(wall), 1),
+            "median_cpu_ms": round(1e3 * sorted(process)[len(process) // 2], 1),
+            "times_ms": [round(1e3 * t, 1) for t in wall],
+            "axes": len(_all_axes(self.figure)),
+            "load_average": round(os.getloadavg()[0], 2) if hasattr(os, "getloadavg") else None,
+        }
         with open(path, "a", encoding="utf-8") as log:
             log.write(json.dumps(record) + "\n")
 
@@ -418,7 +440,8 @@ class InteractiveFigure:
                         raise ValueError(
                             f"the inline static frames of {self.caption!r} pass max_bytes={self.max_bytes:,}; use "
                             "fewer values (max_frames, max_total_frames), a smaller figsize, or fewer colors "
-                            f"(or set {FRAMES_DIR_ENV} to write frames as files)")
+                            f"(or set {FRAMES_DIR_ENV} to write frames as files)"
+                        )
         finally:
             self._frozen_layout, self._axes_kept = saved, False
         return grid, images
@@ -447,7 +470,8 @@ class InteractiveFigure:
                 f'<label for="{uid}-{k}">{esc}</label>'
                 f'<input type="range" id="{uid}-{k}" min="0" max="{len(grid[name]) - 1}" step="1" '
                 f'value="{start[k]}" aria-label="{esc}" style="flex:1">'
-                f'<output for="{uid}-{k}">{html.escape(labels[k][start[k]])}</output></div>')
+                f'<output for="{uid}-{k}">{html.escape(labels[k][start[k]])}</output></div>'
+            )
         sliders = ", ".join(names)
         return f"""<figure class="posenc-slider" id="{uid}" data-sliders="{html.escape(sliders, quote=True)}">
 <img class="posenc-img" src="{html.escape(image.src, quote=True)}" alt="{alt}" {image.attributes()}>
@@ -492,7 +516,9 @@ class InteractiveFigure:
             controls[name] = widgets.SelectionSlider(
                 options=list(zip(labels, range(len(values)))),
                 value=_closest_index(values, self.defaults[name]),
-                description=name, continuous_update=True, layout=widgets.Layout(width="70%"),
+                description=name,
+                continuous_update=True,
+                layout=widgets.Layout(width="70%"),
             )
 
         def refresh(change=None):
@@ -552,14 +578,33 @@ def _unique_labels(values) -> list[str]:
     return labels
 
 
-def interactive_figure(draw: Callable, caption: str, *, defaults: dict | None = None, figsize=(6.4, 3.6),
-                       dpi: int = 72, max_frames: int = 30, max_total_frames: int = 64,
-                       max_bytes: int = 1_500_000, keep_axes: bool = False, show: bool = True,
-                       **sliders) -> InteractiveFigure:
+def interactive_figure(
+    draw: Callable,
+    caption: str,
+    *,
+    defaults: dict | None = None,
+    figsize=(6.4, 3.6),
+    dpi: int = 72,
+    max_frames: int = 30,
+    max_total_frames: int = 64,
+    max_bytes: int = 1_500_000,
+    keep_axes: bool = False,
+    show: bool = True,
+    **sliders,
+) -> InteractiveFigure:
     """Build an :class:`InteractiveFigure` from ``draw(fig, **values)`` and slider ``name=values``; show it."""
-    figure = InteractiveFigure(draw, sliders, caption, defaults=defaults, figsize=figsize, dpi=dpi,
-                               max_frames=max_frames, max_total_frames=max_total_frames, max_bytes=max_bytes,
-                               keep_axes=keep_axes)
+    figure = InteractiveFigure(
+        draw,
+        sliders,
+        caption,
+        defaults=defaults,
+        figsize=figsize,
+        dpi=dpi,
+        max_frames=max_frames,
+        max_total_frames=max_total_frames,
+        max_bytes=max_bytes,
+        keep_axes=keep_axes,
+    )
     if show:
         figure.show()
     return figure

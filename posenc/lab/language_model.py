@@ -9,6 +9,7 @@ of running a transformers model with posenc's RoPE; any supported family works),
 :func:`posenc.rope_frequencies`, so every context-extension method plugs in. Only torch is imported
 here; transformers is imported inside the loader.
 """
+
 from __future__ import annotations
 
 import importlib.metadata
@@ -148,10 +149,20 @@ def load_language_model(source: str | None = None, cache_dir: str | Path | None 
         tokenizer.save_pretrained(folder)
         _save_weights(model, folder)
         marker.write_text(json.dumps({"source": source, "quantised": quantised}))
-    name = ("SmolLM2-135M-Instruct, Q4_1 (4-bit) GGUF dequantised to float32" if quantised
-            else f"{Path(source).name if Path(source).exists() else source}, float32")
-    return LanguageModel(name, quantised, model, tokenizer, time.perf_counter() - start, from_cache,
-                         {"source": source, "cache": None if folder is None else str(folder)})
+    name = (
+        "SmolLM2-135M-Instruct, Q4_1 (4-bit) GGUF dequantised to float32"
+        if quantised
+        else f"{Path(source).name if Path(source).exists() else source}, float32"
+    )
+    return LanguageModel(
+        name,
+        quantised,
+        model,
+        tokenizer,
+        time.perf_counter() - start,
+        from_cache,
+        {"source": source, "cache": None if folder is None else str(folder)},
+    )
 
 
 # --------------------------------------------------------------------------------------------- text windows
@@ -175,7 +186,7 @@ def text_window(lm: LanguageModel, start: int, length: int) -> torch.Tensor:
     ids = corpus_tokens(lm)
     if start + length > ids.numel():
         raise ValueError(f"the window [{start}, {start + length}) runs past the text's {ids.numel()} tokens")
-    return ids[start:start + length]
+    return ids[start : start + length]
 
 
 # --------------------------------------------------------------------------------------------- the forward pass
@@ -190,9 +201,18 @@ def _check_ids(input_ids) -> torch.Tensor:
     return input_ids.long()
 
 
-def rope_forward(lm: LanguageModel, input_ids: torch.Tensor, inv_freq: torch.Tensor | None = None,
-                 attention_factor: float | None = None, drop_pairs=None, capture_layers=(),
-                 return_hidden: bool = False, *, unrotate_pairs=None, rope_parameters: dict | None = None):
+def rope_forward(
+    lm: LanguageModel,
+    input_ids: torch.Tensor,
+    inv_freq: torch.Tensor | None = None,
+    attention_factor: float | None = None,
+    drop_pairs=None,
+    capture_layers=(),
+    return_hidden: bool = False,
+    *,
+    unrotate_pairs=None,
+    rope_parameters: dict | None = None,
+):
     """Run the model with posenc's RoPE (:func:`posenc.use_posenc_rope`): logits ``(B, L, V)`` or, with
     ``return_hidden``, the final hidden states ``(B, L, d)``; no gradients.
 
@@ -207,18 +227,35 @@ def rope_forward(lm: LanguageModel, input_ids: torch.Tensor, inv_freq: torch.Ten
     if inv_freq is not None:
         check_inv_freq("inv_freq", inv_freq, max_pairs=lm.head_dim // 2)
     capture_layers = tuple(capture_layers)
-    with torch.no_grad(), use_posenc_rope(lm.model, rope_parameters, inv_freq=inv_freq,
-                                          attention_factor=attention_factor, drop_pairs=drop_pairs,
-                                          unrotate_pairs=unrotate_pairs, capture_layers=capture_layers) as model:
+    with (
+        torch.no_grad(),
+        use_posenc_rope(
+            lm.model,
+            rope_parameters,
+            inv_freq=inv_freq,
+            attention_factor=attention_factor,
+            drop_pairs=drop_pairs,
+            unrotate_pairs=unrotate_pairs,
+            capture_layers=capture_layers,
+        ) as model,
+    ):
         hidden = model.base_model(input_ids=input_ids).last_hidden_state
         captured = dict(model._posenc_rope.captured)
         result = hidden if return_hidden else model.lm_head(hidden)
     return (result, captured) if capture_layers else result
 
 
-def token_losses(lm: LanguageModel, input_ids: torch.Tensor, inv_freq: torch.Tensor | None = None,
-                 attention_factor: float | None = None, drop_pairs=None, chunk: int = 1024, *,
-                 unrotate_pairs=None, rope_parameters: dict | None = None) -> torch.Tensor:
+def token_losses(
+    lm: LanguageModel,
+    input_ids: torch.Tensor,
+    inv_freq: torch.Tensor | None = None,
+    attention_factor: float | None = None,
+    drop_pairs=None,
+    chunk: int = 1024,
+    *,
+    unrotate_pairs=None,
+    rope_parameters: dict | None = None,
+) -> torch.Tensor:
     """Next-token cross-entropy at every position, ``(B, L - 1)`` float32 (nats), with posenc's RoPE (the table
     and pair arguments of :func:`rope_forward`).
 
@@ -229,14 +266,22 @@ def token_losses(lm: LanguageModel, input_ids: torch.Tensor, inv_freq: torch.Ten
     require_int("chunk", chunk, minimum=1)
     if input_ids.shape[1] < 2:
         raise ValueError("input_ids needs at least 2 tokens to have a next-token loss")
-    hidden = rope_forward(lm, input_ids, inv_freq, attention_factor, drop_pairs, return_hidden=True,
-                          unrotate_pairs=unrotate_pairs, rope_parameters=rope_parameters)
+    hidden = rope_forward(
+        lm,
+        input_ids,
+        inv_freq,
+        attention_factor,
+        drop_pairs,
+        return_hidden=True,
+        unrotate_pairs=unrotate_pairs,
+        rope_parameters=rope_parameters,
+    )
     losses = []
     with torch.no_grad():
         for begin in range(0, input_ids.shape[1] - 1, chunk):
             end = min(begin + chunk, input_ids.shape[1] - 1)
             logits = lm.model.lm_head(hidden[:, begin:end])
-            losses.append(F.cross_entropy(logits.transpose(1, 2), input_ids[:, begin + 1:end + 1], reduction="none"))
+            losses.append(F.cross_entropy(logits.transpose(1, 2), input_ids[:, begin + 1 : end + 1], reduction="none"))
     return torch.cat(losses, dim=1)
 
 
@@ -257,8 +302,10 @@ def pair_statistics(q: torch.Tensor, k: torch.Tensor, inv_freq: torch.Tensor) ->
     require_tensor("q", q)
     require_tensor("k", k)
     if q.ndim != 3 or k.ndim != 3 or q.shape[1:] != k.shape[1:] or q.shape[0] % k.shape[0]:
-        raise ValueError(f"q must be (H, L, D) and k (H_kv, L, D) with H divisible by H_kv, got {tuple(q.shape)} "
-                         f"and {tuple(k.shape)}")
+        raise ValueError(
+            f"q must be (H, L, D) and k (H_kv, L, D) with H divisible by H_kv, got {tuple(q.shape)} "
+            f"and {tuple(k.shape)}"
+        )
     pairs = check_inv_freq("inv_freq", inv_freq).shape[0]
     if q.shape[-1] != 2 * pairs:
         raise ValueError(f"q and k must have D = 2 * len(inv_freq) = {2 * pairs}, got {q.shape[-1]}")
@@ -281,8 +328,9 @@ def pair_statistics(q: torch.Tensor, k: torch.Tensor, inv_freq: torch.Tensor) ->
     return {"q_norm": q_norm, "k_norm": k_norm, "logit_share": share / share.sum(-1, keepdim=True)}
 
 
-def attention_probabilities(q: torch.Tensor, k: torch.Tensor, inv_freq: torch.Tensor, scale: float,
-                            attention_factor: float = 1.0) -> torch.Tensor:
+def attention_probabilities(
+    q: torch.Tensor, k: torch.Tensor, inv_freq: torch.Tensor, scale: float, attention_factor: float = 1.0
+) -> torch.Tensor:
     """Causal softmax attention of rotated ``q`` ``(H, L, D)`` on rotated ``k`` ``(H_kv, L, D)``: ``(H, L, L)``."""
     require_tensor("q", q)
     require_tensor("k", k)
@@ -303,9 +351,12 @@ def head_roles(probabilities: torch.Tensor, skip: int = 16) -> dict:
     require_tensor("probabilities", probabilities)
     length = probabilities.shape[-1]
     if probabilities.ndim < 2 or probabilities.shape[-2] != length or not 1 <= skip < length:
-        raise ValueError(f"probabilities must be (..., L, L) with 1 <= skip < L, got {tuple(probabilities.shape)}, "
-                         f"skip={skip}")
+        raise ValueError(
+            f"probabilities must be (..., L, L) with 1 <= skip < L, got {tuple(probabilities.shape)}, skip={skip}"
+        )
     rows = torch.arange(skip, length)
-    return {"diagonal": probabilities[..., rows, rows].mean(-1),
-            "previous": probabilities[..., rows, rows - 1].mean(-1),
-            "sink": probabilities[..., rows, 0].mean(-1)}
+    return {
+        "diagonal": probabilities[..., rows, rows].mean(-1),
+        "previous": probabilities[..., rows, rows - 1].mean(-1),
+        "sink": probabilities[..., rows, 0].mean(-1),
+    }

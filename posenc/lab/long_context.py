@@ -18,6 +18,7 @@ stopped breaking.
 Both take tens of minutes, so ``make long-context`` (``book/tools/long_context.py``, a thin command line) writes them
 to committed files under ``posenc/lab/data`` that the chapter reads with :func:`results` and :func:`window_results`.
 """
+
 from __future__ import annotations
 
 import math
@@ -44,8 +45,10 @@ def methods(factor: float, trained: int = TRAINED) -> dict:
         "RoPE": ({"rope_type": "default", "rope_theta": theta}, None),
         # NTK-aware with scale s is the dynamic-NTK table (f = 1) computed at length s * trained (chapter 10)
         "NTK-aware": ({"rope_type": "dynamic", "rope_theta": theta, "factor": 1.0}, int(factor * trained)),
-        "YaRN": ({"rope_type": "yarn", "rope_theta": theta, "factor": factor,
-                  "original_max_position_embeddings": trained}, None),
+        "YaRN": (
+            {"rope_type": "yarn", "rope_theta": theta, "factor": factor, "original_max_position_embeddings": trained},
+            None,
+        ),
         "PI": ({"rope_type": "linear", "rope_theta": theta, "factor": factor}, None),
     }
 
@@ -62,13 +65,15 @@ def window_losses(ids: torch.Tensor, begin: int, end: int, window: int, stride: 
     Block ``[a, a + stride)`` comes from one pass over ``ids[a + stride - window : a + stride + 1]``.
     """
     if (end - begin) % stride or stride > window or begin + stride < window:
-        raise ValueError(f"need (end - begin) % stride == 0, stride <= window and begin + stride >= window, "
-                         f"got begin={begin}, end={end}, stride={stride}, window={window}")
+        raise ValueError(
+            f"need (end - begin) % stride == 0, stride <= window and begin + stride >= window, "
+            f"got begin={begin}, end={end}, stride={stride}, window={window}"
+        )
     blocks = []
     for a in range(begin, end, stride):
         first = a + stride - window
-        losses = run(ids[first:a + stride + 1])  # loss index i predicts position first + i
-        blocks.append(losses[a - first:])
+        losses = run(ids[first : a + stride + 1])  # loss index i predicts position first + i
+        blocks.append(losses[a - first :])
     return torch.cat(blocks)
 
 
@@ -79,14 +84,22 @@ def study_bands(length: int, trained: int = TRAINED) -> list[tuple[int, int]]:
     return [(a, b) for a, b in chosen if b <= length]
 
 
-def run_methods(lm, ids: torch.Tensor, factor: float = 2.0, bin_size: int = 512, trained: int = TRAINED,
-                progress: Callable[[str], None] = print, partial: Path | None = None) -> dict:
+def run_methods(
+    lm,
+    ids: torch.Tensor,
+    factor: float = 2.0,
+    bin_size: int = 512,
+    trained: int = TRAINED,
+    progress: Callable[[str], None] = print,
+    partial: Path | None = None,
+) -> dict:
     """Every method's losses over ``ids`` ``(length + 1,)``: the ``methods`` and ``bands_note`` fields of the record
     (``name -> rope_parameters, seq_len, seconds, bands, bin_means, first_256``; dynamic NTK: its bands).
     ``partial``: a file that receives the results so far after each method (in case a run is cut short)."""
     import json
 
     import posenc
+
     from . import language_model as lm_module
 
     length = ids.numel() - 1
@@ -96,7 +109,7 @@ def run_methods(lm, ids: torch.Tensor, factor: float = 2.0, bin_size: int = 512,
     def run(name, parameters, seq_len, size):
         inv_freq, attention_factor = posenc.rope_frequencies(lm.head_dim, parameters, trained, seq_len)
         start = time.perf_counter()
-        losses = lm_module.token_losses(lm, ids[:size + 1], inv_freq, attention_factor)[0]
+        losses = lm_module.token_losses(lm, ids[: size + 1], inv_freq, attention_factor)[0]
         seconds = time.perf_counter() - start
         progress(f"{name}: {size} tokens in {seconds:.0f} s, mean loss {losses.double().mean().item():.4f}")
         tables[name] = (inv_freq, attention_factor)
@@ -105,9 +118,15 @@ def run_methods(lm, ids: torch.Tensor, factor: float = 2.0, bin_size: int = 512,
     for name, (parameters, seq_len) in methods(factor, trained).items():
         losses, seconds = run(name, parameters, seq_len, length)
         bins = losses.view(-1, bin_size).double().mean(-1)
-        results[name] = {"rope_parameters": parameters, "seq_len": seq_len, "seconds": round(seconds, 1),
-                         "attention_factor": tables[name][1], "bands": band_means(losses, chosen),
-                         "bin_means": bins.tolist(), f"first_{HEAD_TOKENS}": losses[:HEAD_TOKENS].double().mean().item()}
+        results[name] = {
+            "rope_parameters": parameters,
+            "seq_len": seq_len,
+            "seconds": round(seconds, 1),
+            "attention_factor": tables[name][1],
+            "bands": band_means(losses, chosen),
+            "bin_means": bins.tolist(),
+            f"first_{HEAD_TOKENS}": losses[:HEAD_TOKENS].double().mean().item(),
+        }
         if partial is not None:
             partial.parent.mkdir(parents=True, exist_ok=True)
             partial.write_text(json.dumps(results, indent=1) + "\n")
@@ -117,21 +136,33 @@ def run_methods(lm, ids: torch.Tensor, factor: float = 2.0, bin_size: int = 512,
     dynamic_bands, dynamic_seconds = {}, 0.0
     for a, b in chosen:
         inv_freq, attention_factor = posenc.rope_frequencies(lm.head_dim, dynamic, trained, b)
-        same = [name for name, table in tables.items()
-                if torch.equal(table[0], inv_freq) and table[1] == attention_factor]
+        same = [
+            name for name, table in tables.items() if torch.equal(table[0], inv_freq) and table[1] == attention_factor
+        ]
         if same:  # an identical table already ran over >= b tokens: causality gives the band
             dynamic_bands[f"{a}-{b}"] = results[same[0]]["bands"][f"{a}-{b}"]
             continue
         losses, seconds = run(f"dynamic NTK at {b}", dynamic, b, b)
         dynamic_seconds += seconds
         dynamic_bands[f"{a}-{b}"] = losses[a:b].double().mean().item()
-    results["dynamic NTK"] = {"rope_parameters": dynamic, "seq_len": "length of the pass",
-                              "seconds": round(dynamic_seconds, 1), "bands": dynamic_bands}
+    results["dynamic NTK"] = {
+        "rope_parameters": dynamic,
+        "seq_len": "length of the pass",
+        "seconds": round(dynamic_seconds, 1),
+        "bands": dynamic_bands,
+    }
     return results
 
 
-def run_window(lm, ids: torch.Tensor, window: int = TRAINED, stride: int = 1024, bin_size: int = 512,
-               trained: int = TRAINED, progress: Callable[[str], None] = print) -> dict:
+def run_window(
+    lm,
+    ids: torch.Tensor,
+    window: int = TRAINED,
+    stride: int = 1024,
+    bin_size: int = 512,
+    trained: int = TRAINED,
+    progress: Callable[[str], None] = print,
+) -> dict:
     """The sliding-window control over ``ids`` ``(length + 1,)`` (see the module docstring): the record's fields
     ``window``, ``stride``, ``context_seen``, ``bands`` (those past the trained length), ``bin_means``,
     ``first_bin``, ``seconds`` and ``passes``."""
@@ -148,11 +179,22 @@ def run_window(lm, ids: torch.Tensor, window: int = TRAINED, stride: int = 1024,
 
     length = ids.numel() - 1
     losses = window_losses(ids, trained, length, window, stride, run)
-    shifted = {f"{a}-{b}": losses[a - trained:b - trained].double().mean().item()
-               for a, b in study_bands(length, trained) if a >= trained}
-    return {"window": window, "stride": stride, "bin": bin_size, "context_seen": [window - stride + 1, window],
-            "bands": shifted, "bin_means": losses.view(-1, bin_size).double().mean(-1).tolist(),
-            "first_bin": trained // bin_size, "seconds": round(sum(passes), 1), "passes": len(passes)}
+    shifted = {
+        f"{a}-{b}": losses[a - trained : b - trained].double().mean().item()
+        for a, b in study_bands(length, trained)
+        if a >= trained
+    }
+    return {
+        "window": window,
+        "stride": stride,
+        "bin": bin_size,
+        "context_seen": [window - stride + 1, window],
+        "bands": shifted,
+        "bin_means": losses.view(-1, bin_size).double().mean(-1).tolist(),
+        "first_bin": trained // bin_size,
+        "seconds": round(sum(passes), 1),
+        "passes": len(passes),
+    }
 
 
 METHODS = ("RoPE", "NTK-aware", "YaRN", "PI", "dynamic NTK")
@@ -175,8 +217,12 @@ def results(path: str | Path | None = None) -> dict:
     ``bands`` (band ``"a-b"`` -> mean next-token loss in nats over predicted positions ``a .. b - 1``); every
     method but dynamic NTK also has ``bin_means`` (mean loss per ``bin`` positions) and ``first_256``.
     """
-    path, record = read_json(RESULTS_FILE.name, path, "long-context result",
-                             "`make long-context` remakes it (about 10 minutes on 2 CPU cores)")
+    path, record = read_json(
+        RESULTS_FILE.name,
+        path,
+        "long-context result",
+        "`make long-context` remakes it (about 10 minutes on 2 CPU cores)",
+    )
 
     def finite(where: str, value) -> None:
         if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value):
@@ -197,8 +243,10 @@ def results(path: str | Path | None = None) -> dict:
             finite(f"methods[{name!r}]['first_256']", result.get("first_256"))
             bins = result.get("bin_means", [])
             if len(bins) * record["bin"] != length:
-                raise ValueError(f"{path.name}: methods[{name!r}]['bin_means'] must cover the {length} positions "
-                                 f"in bins of {record['bin']}, got {len(bins)} bins")
+                raise ValueError(
+                    f"{path.name}: methods[{name!r}]['bin_means'] must cover the {length} positions "
+                    f"in bins of {record['bin']}, got {len(bins)} bins"
+                )
             for index, value in enumerate(bins):
                 finite(f"methods[{name!r}]['bin_means'][{index}]", value)
     return record
@@ -213,10 +261,21 @@ def window_results(path: str | Path | None = None) -> dict:
     ``bin_means`` (per ``bin`` positions from the trained length on). Raises ``FileNotFoundError`` saying how to
     make the file, ``ValueError`` naming the first field that is missing or not finite.
     """
-    path, record = read_json(WINDOW_FILE.name, path, "sliding-window baseline",
-                             "`make long-context` remakes it")
-    for key in ("trained_length", "window", "stride", "bin", "context_seen", "text", "bands", "bin_means",
-                "machine", "versions", "command", "model"):
+    path, record = read_json(WINDOW_FILE.name, path, "sliding-window baseline", "`make long-context` remakes it")
+    for key in (
+        "trained_length",
+        "window",
+        "stride",
+        "bin",
+        "context_seen",
+        "text",
+        "bands",
+        "bin_means",
+        "machine",
+        "versions",
+        "command",
+        "model",
+    ):
         if key not in record:
             raise ValueError(f"{path.name}: missing field {key!r}")
     trained = record["trained_length"]
@@ -227,8 +286,10 @@ def window_results(path: str | Path | None = None) -> dict:
             raise ValueError(f"{path.name}: bands[{band!r}] must be a finite number, got {value!r}")
     length = record["text"]["tokens"][1] - record["text"]["tokens"][0] - 1
     if len(record["bin_means"]) * record["bin"] != length - trained:
-        raise ValueError(f"{path.name}: bin_means must cover positions {trained} to {length} in bins of "
-                         f"{record['bin']}, got {len(record['bin_means'])} bins")
+        raise ValueError(
+            f"{path.name}: bin_means must cover positions {trained} to {length} in bins of "
+            f"{record['bin']}, got {len(record['bin_means'])} bins"
+        )
     if not all(isinstance(x, (int, float)) and math.isfinite(x) for x in record["bin_means"]):
         raise ValueError(f"{path.name}: bin_means must be finite numbers")
     return record

@@ -4,6 +4,7 @@ Heavy results (chapter 12's long-context perplexities, chapter 13's and 14's tra
 ``make`` target and committed as JSON under ``posenc/lab/data/`` (:data:`DATA_DIR`), which ships with the package, so a
 pip install (as in Colab) has them. :func:`read_json` reads one; each chapter's module checks its fields.
 """
+
 from __future__ import annotations
 
 import datetime
@@ -45,8 +46,13 @@ def cpu_name() -> str:
 def git_commit() -> str:
     """The commit of the checkout posenc runs from (``git rev-parse HEAD``), or "unknown" outside a git checkout."""
     try:
-        return subprocess.run(["git", "rev-parse", "HEAD"], cwd=Path(__file__).resolve().parent, capture_output=True,
-                              text=True, check=True).stdout.strip()
+        return subprocess.run(
+            ["git", "rev-parse", "HEAD"],
+            cwd=Path(__file__).resolve().parent,
+            capture_output=True,
+            text=True,
+            check=True,
+        ).stdout.strip()
     except (OSError, subprocess.CalledProcessError):
         return "unknown"
 

@@ -1,4 +1,5 @@
 """The table of chapter times at the end of a test session that executed chapters (reported, never enforced)."""
+
 import pytest
 
 _records_key = pytest.StashKey[list]()

@@ -1,4 +1,5 @@
 """The book's structure: the table of contents, committed notebooks, the bibliography."""
+
 import json
 import re
 
@@ -50,8 +51,9 @@ def test_every_public_module_has_an_api_page_in_the_toc():
     for module in public_modules():
         assert hasattr(posenc, module), f"posenc's docstring lists posenc.{module}, which `import posenc` lacks"
         page = ROOT / "book" / "api" / f"{module}.md"
-        assert page.exists() and f".. automodule:: posenc.{module}\n" in page.read_text(), \
+        assert page.exists() and f".. automodule:: posenc.{module}\n" in page.read_text(), (
             f"{page.relative_to(ROOT)} must document posenc.{module} with automodule"
+        )
         assert f"book/api/{module}" in listed, f"book/api/{module} is not in _toc.yml"
     assert "book/api/index" in listed
 
@@ -61,9 +63,12 @@ def test_the_api_index_lists_every_public_name_at_its_home():
 
     index = (ROOT / "book" / "api" / "index.md").read_text()
     listed = {name: module for module, name in re.findall(r"^   ~posenc\.(\w+)\.(\w+)$", index, flags=re.M)}
-    assert set(listed) == set(posenc.__all__), f"missing {set(posenc.__all__) - set(listed)}, " \
-                                               f"not public {set(listed) - set(posenc.__all__)}"
+    assert set(listed) == set(posenc.__all__), (
+        f"missing {set(posenc.__all__) - set(listed)}, not public {set(listed) - set(posenc.__all__)}"
+    )
     for name, module in listed.items():
-        assert getattr(getattr(posenc, module), name) is getattr(posenc, name), f"posenc.{name} is not posenc.{module}.{name}"
+        assert getattr(getattr(posenc, module), name) is getattr(posenc, name), (
+            f"posenc.{name} is not posenc.{module}.{name}"
+        )
     modules = re.findall(r"^   posenc\.(\w+)$", index, flags=re.M)
     assert modules == public_modules()

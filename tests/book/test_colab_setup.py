@@ -4,6 +4,7 @@ touches the torch, numpy and matplotlib Colab ships (no restart), and the live w
 The tests marked ``colab`` run inside .venv-colab, the package versions Colab ships (``make colab-check`` sets
 POSENC_COLAB_CHECK=1; elsewhere they skip). There they fail, not skip, when the environment is wrong.
 """
+
 from __future__ import annotations
 
 import ast
@@ -15,12 +16,12 @@ import shlex
 import subprocess
 import sys
 import textwrap
-import tomllib
 import types
 from importlib import metadata
 from pathlib import Path
 
 import pytest
+import tomllib
 from packaging.requirements import Requirement
 from packaging.specifiers import SpecifierSet
 
@@ -51,8 +52,12 @@ def pip_magics(source: str) -> list[tuple[str, str | None]]:
     found = []
 
     def visit(node, guard):
-        if (isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute)
-                and node.func.attr == "run_line_magic" and ast.literal_eval(node.args[0]) == "pip"):
+        if (
+            isinstance(node, ast.Call)
+            and isinstance(node.func, ast.Attribute)
+            and node.func.attr == "run_line_magic"
+            and ast.literal_eval(node.args[0]) == "pip"
+        ):
             found.append((ast.literal_eval(node.args[1]), guard))
         for child in ast.iter_child_nodes(node):
             visit(child, ast.unparse(node.test) if isinstance(node, ast.If) else guard)
@@ -84,7 +89,8 @@ def test_first_code_cell_is_the_setup_cell(notebook):
     first_code = next(("".join(c["source"]) for c in cells if c["cell_type"] == "code"), None)
     assert first_code == setup_cell_source(), (
         f"{notebook.name}: the first code cell must be book_files.setup_cell_source() exactly:\n"
-        f"{setup_cell_source()}\n--- found ---\n{first_code}")
+        f"{setup_cell_source()}\n--- found ---\n{first_code}"
+    )
 
 
 def test_setup_cell_installs_posenc_from_the_configured_repository():
@@ -148,7 +154,10 @@ def test_posenc_requirements_accept_the_colab_packages():
 def test_colab_pins_cover_the_issue():
     pins = colab_pins()
     assert {k: pins.get(k) for k in ("ipywidgets", "matplotlib", "transformers")} == {
-        "ipywidgets": "7.7.1", "matplotlib": "3.10.0", "transformers": "5.15.0"}
+        "ipywidgets": "7.7.1",
+        "matplotlib": "3.10.0",
+        "transformers": "5.15.0",
+    }
     assert pins.get("torch") == "2.13.0", "torch must stay pinned to the CPU wheel on disk"
 
 
@@ -157,7 +166,9 @@ def test_colab_pins_cover_the_issue():
 def test_environment_has_the_colab_versions():
     pins = colab_pins()
     installed = {name: metadata.version(name) for name in pins}
-    wrong = {name: version for name, version in installed.items() if not SpecifierSet(f"=={pins[name]}").contains(version)}
+    wrong = {
+        name: version for name, version in installed.items() if not SpecifierSet(f"=={pins[name]}").contains(version)
+    }
     assert not wrong, f"installed {wrong}, make colab-check pins {pins}"
     assert Path(sys.prefix).resolve() == (ROOT / ".venv-colab").resolve(), f"running in {sys.prefix}"
     assert Path(metadata.distribution("posenc").locate_file("")).exists()
@@ -171,7 +182,8 @@ def test_notebook_kernel_is_this_environment():
     # jupyter_client runs a bare "python"/"python3" as sys.executable
     if argv[0] not in ("python", "python3", f"python{sys.version_info[0]}.{sys.version_info[1]}"):
         assert Path(argv[0]).resolve().is_relative_to(Path(sys.prefix).resolve()), (
-            f"the python3 kernel runs {argv[0]}, not this venv's python: notebooks would not see Colab's versions")
+            f"the python3 kernel runs {argv[0]}, not this venv's python: notebooks would not see Colab's versions"
+        )
 
 
 @colab
@@ -180,10 +192,15 @@ def test_installing_posenc_keeps_colab_packages(tmp_path):
     requirement, options = setup_requirement()
     local = f"posenc[{','.join(sorted(requirement.extras))}] @ {ROOT.as_uri()}"
     report = tmp_path / "report.json"
-    subprocess.run([sys.executable, "-m", "pip", "install", "--dry-run", "--quiet", *options, "--report", str(report),
-                    local], check=True, timeout=600)
-    installs = {item["metadata"]["name"].lower(): item["metadata"]["version"]
-                for item in json.loads(report.read_text())["install"]}
+    subprocess.run(
+        [sys.executable, "-m", "pip", "install", "--dry-run", "--quiet", *options, "--report", str(report), local],
+        check=True,
+        timeout=600,
+    )
+    installs = {
+        item["metadata"]["name"].lower(): item["metadata"]["version"]
+        for item in json.loads(report.read_text())["install"]
+    }
     touched = {name: version for name, version in installs.items() if name in COLAB_KEPT}
     assert not touched, f"installing posenc in Colab would replace {touched}: Colab would need a restart"
 
@@ -193,12 +210,16 @@ def test_pip_installs_posenc_at_a_commit(tmp_path):
     """What a pinned setup cell asks of pip: posenc from a git repository at one commit (here this repository's
     HEAD, through file://, as Colab fetches the page's commit from GitHub), without touching Colab's packages."""
     requirement, options = setup_requirement(PINNED)
-    commit = subprocess.run(["git", "rev-parse", "HEAD"], cwd=ROOT, check=True, capture_output=True,
-                            text=True).stdout.strip()
+    commit = subprocess.run(
+        ["git", "rev-parse", "HEAD"], cwd=ROOT, check=True, capture_output=True, text=True
+    ).stdout.strip()
     local = f"posenc[{','.join(sorted(requirement.extras))}] @ git+{ROOT.as_uri()}@{commit}"
     report = tmp_path / "report.json"
-    subprocess.run([sys.executable, "-m", "pip", "install", "--dry-run", "--quiet", *options, "--report", str(report),
-                    local], check=True, timeout=600)
+    subprocess.run(
+        [sys.executable, "-m", "pip", "install", "--dry-run", "--quiet", *options, "--report", str(report), local],
+        check=True,
+        timeout=600,
+    )
     installs = {item["metadata"]["name"].lower(): item for item in json.loads(report.read_text())["install"]}
     assert installs["posenc"]["download_info"]["vcs_info"]["commit_id"] == commit
     touched = sorted(name for name in installs if name in COLAB_KEPT)
@@ -275,12 +296,16 @@ def test_live_widget_redraws_with_ipywidgets_7():
     state = nb.metadata["widgets"]["application/vnd.jupyter.widget-state+json"]["state"]
     models = {model["model_name"] for model in state.values()}
     assert {"SelectionSliderModel", "VBoxModel"} <= models, models
-    assert all(model["model_module_version"].startswith("1.") for model in state.values()
-               if model["model_module"] == "@jupyter-widgets/controls"), "not the ipywidgets 7 protocol"
+    assert all(
+        model["model_module_version"].startswith("1.")
+        for model in state.values()
+        if model["model_module"] == "@jupyter-widgets/controls"
+    ), "not the ipywidgets 7 protocol"
 
 
 def views_without_picture(state: dict) -> list[str]:
     """Slider boxes in a saved widget state that show no picture (an Image with data, or an Output with one)."""
+
     def is_picture(model: dict) -> bool:
         if model["model_name"] == "ImageModel":
             return bool(model.get("buffers") or model["state"].get("value"))
@@ -293,8 +318,9 @@ def views_without_picture(state: dict) -> list[str]:
     for model_id, model in state.items():
         if model["model_name"] != "VBoxModel":
             continue
-        children = [state.get(ref.removeprefix("IPY_MODEL_"), {"model_name": "?"})
-                    for ref in model["state"].get("children", [])]
+        children = [
+            state.get(ref.removeprefix("IPY_MODEL_"), {"model_name": "?"}) for ref in model["state"].get("children", [])
+        ]
         if any(c["model_name"] == "SelectionSliderModel" for c in children) and not any(map(is_picture, children)):
             bad.append(f"{model_id}: {[c['model_name'] for c in children]}")
     return bad
@@ -305,15 +331,25 @@ def views_without_picture(state: dict) -> list[str]:
 def test_executed_live_notebook_shows_working_widgets(notebook):
     """The copies run_notebooks.py --figures live wrote (make colab-check runs it first)."""
     executed = COLAB_EXECUTED / notebook.relative_to(ROOT)
-    assert executed.exists() and executed.stat().st_mtime >= notebook.stat().st_mtime, \
+    assert executed.exists() and executed.stat().st_mtime >= notebook.stat().st_mtime, (
         f"no fresh live-executed copy of {notebook.name} in {COLAB_EXECUTED}"
+    )
     nb = json.loads(executed.read_text())
-    errors = [o.get("ename") for c in nb["cells"] if c["cell_type"] == "code" for o in c.get("outputs", [])
-              if o.get("output_type") == "error"]
+    errors = [
+        o.get("ename")
+        for c in nb["cells"]
+        if c["cell_type"] == "code"
+        for o in c.get("outputs", [])
+        if o.get("output_type") == "error"
+    ]
     assert not errors, f"{notebook.name} raised {errors} with Colab's versions"
-    views = [o["data"]["application/vnd.jupyter.widget-view+json"]["model_id"]
-             for c in nb["cells"] if c["cell_type"] == "code" for o in c.get("outputs", [])
-             if "application/vnd.jupyter.widget-view+json" in o.get("data", {})]
+    views = [
+        o["data"]["application/vnd.jupyter.widget-view+json"]["model_id"]
+        for c in nb["cells"]
+        if c["cell_type"] == "code"
+        for o in c.get("outputs", [])
+        if "application/vnd.jupyter.widget-view+json" in o.get("data", {})
+    ]
     uses_sliders = any("interactive_figure(" in "".join(c["source"]) for c in nb["cells"] if c["cell_type"] == "code")
     assert views or not uses_sliders, f"{notebook.name} makes interactive figures but shows no widget"
     if not views:

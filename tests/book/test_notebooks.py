@@ -6,6 +6,7 @@ the log with the full error. Time is not a test: each chapter's time against its
 the end of the session (tests/book/conftest.py), and a chapter fails on time only past its hang guard, ten times its
 target (a stuck kernel). The executed copies are what the HTML build uses.
 """
+
 from pathlib import Path
 
 import pytest
@@ -20,8 +21,11 @@ NOTEBOOKS = [str(p.relative_to(ROOT)) for p in toc_notebooks()]
 def executed(request, chapter_records):
     """Executes the notebooks whose tests are selected (all of them, or e.g. one with ``-k 01_why``), at once,
     printing each chapter's line as it finishes (pytest's capture is suspended meanwhile)."""
-    selected = [item.callspec.params["notebook"] for item in request.session.items
-                if item.originalname == "test_notebook_runs_top_to_bottom"]
+    selected = [
+        item.callspec.params["notebook"]
+        for item in request.session.items
+        if item.originalname == "test_notebook_runs_top_to_bottom"
+    ]
     capture = request.config.pluginmanager.getplugin("capturemanager")
     with capture.global_and_fixture_disabled():
         print()

@@ -1,5 +1,6 @@
 """The repository is one setting (_config.yml's repository.url): the setup cells, the README and pyproject.toml
 follow it, a mismatch is caught, and a published page's Colab copy installs posenc at the page's commit."""
+
 from __future__ import annotations
 
 import json
@@ -53,7 +54,8 @@ def test_a_changed_url_is_caught_everywhere_then_synced(copy):
     assert repository.mismatches(copy) == []
     assert 'pip install "posenc @ git+https://github.com/someone-else/a-fork"' in (copy / "README.md").read_text()
     assert "someone-else/a-fork@main" in "".join(
-        repository.first_code_cell(json.loads(notebooks[0].read_text()))["source"])
+        repository.first_code_cell(json.loads(notebooks[0].read_text()))["source"]
+    )
     assert repository.project_urls(copy)["Homepage"] == "https://someone-else.github.io/a-fork/"
     # sync changed nothing else in a notebook
     for path in notebooks:
@@ -90,9 +92,11 @@ def test_colab_links_of_a_published_build():
     settings = repository.colab_link_settings(COMMIT)
     assert settings == {"branch": "colab", "path_to_book": COMMIT}
     assert repository.colab_url("notebooks/06_rope", COMMIT) == (
-        f"https://colab.research.google.com/github/{repository_slug()}/blob/colab/{COMMIT}/notebooks/06_rope.ipynb")
+        f"https://colab.research.google.com/github/{repository_slug()}/blob/colab/{COMMIT}/notebooks/06_rope.ipynb"
+    )
     assert repository.colab_url("notebooks/06_rope") == (
-        f"https://colab.research.google.com/github/{repository_slug()}/blob/main/notebooks/06_rope.ipynb")
+        f"https://colab.research.google.com/github/{repository_slug()}/blob/main/notebooks/06_rope.ipynb"
+    )
 
 
 @pytest.mark.parametrize("ref", ["main", "v1.0", "abc", "0123456789ABCDEF", "1" * 41, "$(rm -rf /)"])

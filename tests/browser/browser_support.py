@@ -1,4 +1,5 @@
 """What the browser tests share: the book's pages, the local-only network guard, the limits."""
+
 from __future__ import annotations
 
 import functools
@@ -14,8 +15,14 @@ HTML_DIR = Path(os.environ.get("POSENC_HTML_DIR", ROOT / "_build" / "html"))  # 
 SCREENSHOT_DIR = ROOT / "_build" / "screenshots"
 WEIGHTS_FILE = ROOT / "_build" / "page-weights.txt"
 FACTS_FILE = ROOT / "_build" / "page-facts.txt"  # per page: code share, image sharpness, smallest figure text
-CHROMIUM_ARGS = ["--no-sandbox", "--disable-gpu", "--disable-background-networking", "--disable-component-update",
-                 "--disable-sync", "--no-first-run"]
+CHROMIUM_ARGS = [
+    "--no-sandbox",
+    "--disable-gpu",
+    "--disable-background-networking",
+    "--disable-component-update",
+    "--disable-sync",
+    "--no-first-run",
+]
 LOCAL_HOSTS = {"127.0.0.1", "localhost", "[::1]", "::1"}
 DESKTOP = {"width": 1280, "height": 800}
 PHONE = {"width": 390, "height": 844}
@@ -46,8 +53,11 @@ class BookPage:
 
 def book_pages() -> list[BookPage]:
     """The pages of _toc.yml in reading order, those whose .ipynb or .md source exists."""
-    return [BookPage(entry) for entry in toc_entries()
-            if (ROOT / f"{entry}.ipynb").exists() or (ROOT / f"{entry}.md").exists()]
+    return [
+        BookPage(entry)
+        for entry in toc_entries()
+        if (ROOT / f"{entry}.ipynb").exists() or (ROOT / f"{entry}.md").exists()
+    ]
 
 
 def is_local(url: str) -> bool:
@@ -77,10 +87,12 @@ class Traffic:
     loaded: dict[str, int] = field(default_factory=dict)  # local URL path -> bytes served
 
     def problems(self) -> list[str]:
-        return ([f"console error: {m}" for m in self.console_errors]
-                + [f"page error: {m}" for m in self.page_errors]
-                + [f"failed request: {m}" for m in self.failed_requests]
-                + [f"request leaving localhost (aborted): {m}" for m in self.remote_requests])
+        return (
+            [f"console error: {m}" for m in self.console_errors]
+            + [f"page error: {m}" for m in self.page_errors]
+            + [f"failed request: {m}" for m in self.failed_requests]
+            + [f"request leaving localhost (aborted): {m}" for m in self.remote_requests]
+        )
 
     @property
     def weight(self) -> int:
@@ -92,7 +104,7 @@ class Traffic:
         return sum(gzipped_size(HTML_DIR / path.lstrip("/")) for path in self.loaded)
 
 
-@functools.lru_cache(maxsize=None)
+@functools.cache
 def gzipped_size(path: Path) -> int:
     return len(gzip.compress(path.read_bytes(), compresslevel=6))
 
@@ -126,7 +138,9 @@ def watch(context, page, traffic: Traffic) -> None:
     def on_console(message):
         if message.type == "error":
             location = message.location or {}
-            traffic.console_errors.append(f"{message.text} [{location.get('url', '')}:{location.get('lineNumber', '')}]")
+            traffic.console_errors.append(
+                f"{message.text} [{location.get('url', '')}:{location.get('lineNumber', '')}]"
+            )
 
     context.route("**/*", route)
     page.on("response", on_response)

@@ -4,6 +4,7 @@ Build first (``make book``). The browser is POSENC_CHROMIUM if set, else Debian'
 Playwright's own (``book/tools/ensure_chromium.py`` says which, and gets one when there is none). Every request
 that would leave localhost is aborted and recorded, so a test fails instead of reaching the network.
 """
+
 from __future__ import annotations
 
 import functools
@@ -12,9 +13,9 @@ import threading
 from pathlib import Path
 
 import pytest
+from browser_support import CHROMIUM_ARGS, DESKTOP, FACTS_FILE, HTML_DIR, MB, WEIGHT_LIMIT, WEIGHTS_FILE, Traffic, watch
 
 from book.tools.ensure_chromium import find_chromium
-from browser_support import CHROMIUM_ARGS, DESKTOP, FACTS_FILE, HTML_DIR, MB, WEIGHT_LIMIT, WEIGHTS_FILE, Traffic, watch
 
 weights_key = pytest.StashKey[dict]()
 facts_key = pytest.StashKey[dict]()
@@ -103,11 +104,13 @@ def _write_facts(terminalreporter, facts: dict) -> None:
     columns = ("code share", "min img ratio", "weight MB", "min fig text px (1280)", "(390)")
     lines = [f"{'page':34s} " + " ".join(f"{c:>14s}" for c in columns)]
     for entry, row in facts.items():
-        cells = [f"{row['code_share']:.1%}" if row.get("code_share") is not None else "-",
-                 f"{row['min_ratio']:.2f}" if row.get("min_ratio") is not None else "-",
-                 f"{row['weight'] / MB:.2f}" if row.get("weight") is not None else "-",
-                 f"{row['min_text_px']:.1f}" if row.get("min_text_px") is not None else "-",
-                 f"{row['min_text_px_phone']:.1f}" if row.get("min_text_px_phone") is not None else "-"]
+        cells = [
+            f"{row['code_share']:.1%}" if row.get("code_share") is not None else "-",
+            f"{row['min_ratio']:.2f}" if row.get("min_ratio") is not None else "-",
+            f"{row['weight'] / MB:.2f}" if row.get("weight") is not None else "-",
+            f"{row['min_text_px']:.1f}" if row.get("min_text_px") is not None else "-",
+            f"{row['min_text_px_phone']:.1f}" if row.get("min_text_px_phone") is not None else "-",
+        ]
         lines.append(f"{entry:34s} " + " ".join(f"{c:>14s}" for c in cells))
     terminalreporter.section("what a reader sees, per page (see tests/browser/test_pages.py)")
     for line in lines:
@@ -128,8 +131,10 @@ def pytest_terminal_summary(terminalreporter, exitstatus, config):
     lines = [f"{'page':34s} {'total':>9s} {'its HTML':>9s} {'gzipped':>9s} {'files':>5s}  status"]
     for entry, row in weights.items():
         status = f"OVER THE {WEIGHT_LIMIT / MB:.0f} MB LIMIT" if row["total"] > WEIGHT_LIMIT else "ok"
-        lines.append(f"{entry:34s} {row['total'] / MB:6.2f} MB {row['html'] / MB:6.2f} MB {row['gzip'] / MB:6.2f} MB "
-                     f"{row['files']:5d}  {status}")
+        lines.append(
+            f"{entry:34s} {row['total'] / MB:6.2f} MB {row['html'] / MB:6.2f} MB {row['gzip'] / MB:6.2f} MB "
+            f"{row['files']:5d}  {status}"
+        )
     terminalreporter.section("page weights (MB = 10^6 bytes; total = the HTML + every file it loads, uncompressed)")
     for line in lines:
         terminalreporter.write_line(line)

@@ -1,4 +1,5 @@
 """The built book loads nothing from the network: the static audit of book/tools/make_offline.py."""
+
 from __future__ import annotations
 
 import pytest
@@ -22,7 +23,8 @@ def test_audit_flags_remote_and_missing_resources(tmp_path):
     (tmp_path / "_static").mkdir()
     (tmp_path / "_static" / "here.css").write_text(
         "@import 'https://fonts.example.org/x.css'; .a { background: url(here.png) } "
-        ".b { src: url('https://cdn.example.org/f.woff2') }")
+        ".b { src: url('https://cdn.example.org/f.woff2') }"
+    )
     (tmp_path / "_static" / "here.png").write_bytes(b"png")
     (tmp_path / "page.html").write_text("""<html><head>
 <script src="https://cdn.jsdelivr.net/npm/mathjax@3/es5/tex-mml-chtml.js"></script>
@@ -37,15 +39,18 @@ def test_audit_flags_remote_and_missing_resources(tmp_path):
 <div class="math">\\(x\\)</div>
 </body></html>""")
     found = sorted(make_offline.audit(tmp_path))
-    assert found == sorted([
-        "_static/here.css: https://fonts.example.org/x.css (remote)",
-        "_static/here.css: https://cdn.example.org/f.woff2 (remote)",
-        "page.html: https://cdn.jsdelivr.net/npm/mathjax@3/es5/tex-mml-chtml.js (remote)",
-        "page.html: _static/local.js (missing file)",
-        "page.html: //fonts.gstatic.com/f.woff2 (remote)",
-        "page.html: http://example.org/bg.png (remote)",
-        "page.html: https://x.org/2.png (remote)",
-    ])
+    assert found == sorted(
+        [
+            "_static/here.css: https://fonts.example.org/x.css (remote)",
+            "_static/here.css: https://cdn.example.org/f.woff2 (remote)",
+            "page.html: https://cdn.jsdelivr.net/npm/mathjax@3/es5/tex-mml-chtml.js (remote)",
+            "page.html: _static/local.js (missing file)",
+            "page.html: //fonts.gstatic.com/f.woff2 (remote)",
+            "page.html: http://example.org/bg.png (remote)",
+            "page.html: https://x.org/2.png (remote)",
+        ]
+    )
     assert make_offline.check_mathjax_pages(tmp_path) == [
-        "page.html: has math but does not load _static/mathjax/tex-chtml.js"]
+        "page.html: has math but does not load _static/mathjax/tex-chtml.js"
+    ]
     assert "is missing" in make_offline.check_mathjax_bundle(tmp_path)[0]

@@ -6,6 +6,7 @@ desktop and phone widths, and the checks below read that page; a failure names t
 checks measure (code share, image sharpness, page weight, smallest figure text) is written per page to
 _build/page-facts.txt.
 """
+
 from __future__ import annotations
 
 import json
@@ -14,9 +15,22 @@ from pathlib import Path
 from urllib.parse import urljoin, urlsplit
 
 import pytest
-
-from browser_support import (CODE_SHARE_LIMIT, DESKTOP, HTML_DIR, MB, MIN_FIGURE_TEXT_PX, MIN_IMAGE_RATIO, PHONE,
-                             ROOT, SCREENSHOT_DIR, WEIGHT_LIMIT, BookPage, Traffic, book_pages, watch)
+from browser_support import (
+    CODE_SHARE_LIMIT,
+    DESKTOP,
+    HTML_DIR,
+    MB,
+    MIN_FIGURE_TEXT_PX,
+    MIN_IMAGE_RATIO,
+    PHONE,
+    ROOT,
+    SCREENSHOT_DIR,
+    WEIGHT_LIMIT,
+    BookPage,
+    Traffic,
+    book_pages,
+    watch,
+)
 
 from book.tools import repository
 from book.tools.book_files import setup_cell_source
@@ -26,8 +40,9 @@ pytestmark = pytest.mark.browser
 PAGES = book_pages()
 IMAGE_PATH = re.compile(r"(^data:|\.(png|jpe?g|gif|svg|webp)$)", re.IGNORECASE)
 RAW_TEX = re.compile(r"\\\(|\\\)|\\\[|\\\]|\$\$|\\[A-Za-z]{2,}")  # \( \) \[ \] $$ \command
-WIDGET_REPR = re.compile(r"^\s*(VBox|HBox|Box|IntSlider|FloatSlider|SelectionSlider|Dropdown|Output|interactive)\(",
-                         re.MULTILINE)
+WIDGET_REPR = re.compile(
+    r"^\s*(VBox|HBox|Box|IntSlider|FloatSlider|SelectionSlider|Dropdown|Output|interactive)\(", re.MULTILINE
+)
 
 
 def published_ref() -> str | None:
@@ -44,20 +59,23 @@ FACTS_JS = r"""
   clone.querySelectorAll('pre, code, script, style, textarea, mjx-container, .highlight').forEach(e => e.remove());
   const text = clone.textContent;
   const outputs = Array.from(article.querySelectorAll('.cell_output')).map(o => o.textContent).join('\n');
-  const caption = el => ((el.closest('figure') || {querySelector: () => null}).querySelector('figcaption') || {textContent: ''})
-    .textContent.trim();
+  const caption = el => ((el.closest('figure') || {querySelector: () => null})
+    .querySelector('figcaption') || {textContent: ''}).textContent.trim();
   return {
     mathCount: math.length,
     untypeset: math.filter(m => !m.querySelector('mjx-container')).map(m => m.textContent.slice(0, 120)),
-    mathErrors: Array.from(article.querySelectorAll('mjx-merror')).map(e => e.getAttribute('data-mjx-error') || e.textContent),
+    mathErrors: Array.from(article.querySelectorAll('mjx-merror'))
+      .map(e => e.getAttribute('data-mjx-error') || e.textContent),
     containers: article.querySelectorAll('mjx-container').length,
     text: text,
     outputs: outputs,
     widgetElements: Array.from(document.querySelectorAll(
-      '.jupyter-widgets, .widget-area, .widget-subarea, .lm-Widget, .p-Widget, [class^="widget-"], [class*=" widget-"], '
-      + 'script[type^="application/vnd.jupyter.widget"]')).map(e => e.tagName + '.' + e.className + ' ' + (e.type || '')),
+      '.jupyter-widgets, .widget-area, .widget-subarea, .lm-Widget, .p-Widget, [class^="widget-"], '
+      + '[class*=" widget-"], script[type^="application/vnd.jupyter.widget"]'))
+      .map(e => e.tagName + '.' + e.className + ' ' + (e.type || '')),
     images: Array.from(article.querySelectorAll('img')).map(img => ({
-      src: (img.getAttribute('src') || '').slice(0, 100), alt: (img.getAttribute('alt') || '').trim(), caption: caption(img),
+      src: (img.getAttribute('src') || '').slice(0, 100), alt: (img.getAttribute('alt') || '').trim(),
+      caption: caption(img),
       loaded: img.complete && img.naturalWidth > 0})),
     figures: Array.from(article.querySelectorAll('figure')).map(f => ({
       id: f.id || f.className, caption: caption(f.querySelector('figcaption') || f),
@@ -139,8 +157,10 @@ class Visit:
         self.response = self.page.goto(self.url, wait_until="load")
         if self.response is None or not self.response.ok:
             self.close()
-            pytest.fail(f"{book_page.html} is not in the build (HTTP "
-                        f"{self.response.status if self.response else '-'}): run `make book`")
+            pytest.fail(
+                f"{book_page.html} is not in the build (HTTP "
+                f"{self.response.status if self.response else '-'}): run `make book`"
+            )
         has_math = self.page.locator("article .math").count() > 0
         wait_for_math(self.page, has_math)
         self.page.wait_for_load_state("networkidle")
@@ -195,8 +215,10 @@ class TestPage:
         assert not facts["untypeset"], f"math left untypeset: {facts['untypeset'][:5]}"
         assert not facts["mathErrors"], f"MathJax errors: {facts['mathErrors'][:5]}"
         assert facts["containers"] >= facts["mathCount"], "fewer MathJax containers than math elements"
-        raw = [" ".join(facts["text"][max(0, m.start() - 40):m.end() + 40].split())
-               for m in RAW_TEX.finditer(facts["text"])]
+        raw = [
+            " ".join(facts["text"][max(0, m.start() - 40) : m.end() + 40].split())
+            for m in RAW_TEX.finditer(facts["text"])
+        ]
         assert not raw, f"raw TeX left in the page text: {raw[:5]}"
         if visit.book_page.is_notebook:
             assert facts["mathCount"] > 0, "a chapter with no equation: dollarmath not parsed?"
@@ -209,8 +231,11 @@ class TestPage:
         assert "Loading widget" not in facts["outputs"]
 
     def test_every_image_is_described(self, visit):
-        undescribed = [image["src"] for image in visit.facts["images"]
-                       if not image["caption"] and (not image["alt"] or IMAGE_PATH.search(image["alt"]))]
+        undescribed = [
+            image["src"]
+            for image in visit.facts["images"]
+            if not image["caption"] and (not image["alt"] or IMAGE_PATH.search(image["alt"]))
+        ]
         assert not undescribed, f"images with neither alt text nor a caption: {undescribed}"
         broken = [image["src"] for image in visit.facts["images"] if not image["loaded"]]
         assert not broken, f"images that did not load: {broken}"
@@ -285,7 +310,8 @@ class TestPage:
         visit.page.mouse.up()
         assert int(control.input_value()) == top, (
             f"{where}: dragging past the end with the mouse stopped at {control.input_value()} of {top} "
-            "(does the track move while the value label changes width?)")
+            "(does the track move while the value label changes width?)"
+        )
         assert figure.evaluate(FINGERPRINT_JS) == end_frame, f"{where}: mouse and keyboard show different frames"
         assert [other.input_value() for other in others] == kept, f"{where}: moving it moved another slider"
         figure.locator("img").evaluate("img => img.complete || new Promise(r => { img.onload = img.onerror = r; })")
@@ -298,14 +324,18 @@ class TestPage:
         assert share <= CODE_SHARE_LIMIT, (
             f"{visit.book_page}: visible code is {share:.0%} of the text ({counts['code']} code characters in "
             f"{counts['visibleCells']} of {counts['cells']} cells, {counts['text']} text characters), over "
-            f"{CODE_SHARE_LIMIT:.0%}: fold drawing/set-up/check cells (hide-input)")
+            f"{CODE_SHARE_LIMIT:.0%}: fold drawing/set-up/check cells (hide-input)"
+        )
 
     def test_images_are_sharp(self, visit, page_facts):
         raster = [image for image in visit.images if not image["vector"]]
         ratios = [image["natural"] / image["shown"] for image in raster]
         page_facts.setdefault(visit.book_page.entry, {})["min_ratio"] = min(ratios) if ratios else None
-        blurry = [f"{image['src']}: {image['natural']} px shown at {image['shown']} px"
-                  for image, ratio in zip(raster, ratios) if ratio < MIN_IMAGE_RATIO]
+        blurry = [
+            f"{image['src']}: {image['natural']} px shown at {image['shown']} px"
+            for image, ratio in zip(raster, ratios)
+            if ratio < MIN_IMAGE_RATIO
+        ]
         assert not blurry, f"images with fewer than {MIN_IMAGE_RATIO:g} pixels per CSS px: {blurry[:5]}"
 
     def test_figure_text_is_legible(self, visit, page_facts):
@@ -314,23 +344,33 @@ class TestPage:
         row = page_facts.setdefault(visit.book_page.entry, {})
         row["min_text_px"] = min(sizes) if sizes else None
         row["min_text_px_phone"] = min(phone) if phone else None
-        unmeasured = [image["src"] for image in visit.images if image["textPx"] is None and not image["vector"]
-                      and visit.book_page.is_notebook]
+        unmeasured = [
+            image["src"]
+            for image in visit.images
+            if image["textPx"] is None and not image["vector"] and visit.book_page.is_notebook
+        ]
         assert not unmeasured, f"figures without data-min-font-pt/data-fig-width-in: {unmeasured[:5]}"
         small = sorted(size for size in sizes if size < MIN_FIGURE_TEXT_PX)
-        assert not small, (f"{visit.book_page}: {len(small)} figures have text below {MIN_FIGURE_TEXT_PX:g} CSS px at "
-                           f"{DESKTOP['width']} px (smallest {small[0]:.1f}): larger fonts or narrower figures")
+        assert not small, (
+            f"{visit.book_page}: {len(small)} figures have text below {MIN_FIGURE_TEXT_PX:g} CSS px at "
+            f"{DESKTOP['width']} px (smallest {small[0]:.1f}): larger fonts or narrower figures"
+        )
 
     def test_page_weight(self, visit, page_weights, page_facts):
         weight = visit.traffic.weight
         page_facts.setdefault(visit.book_page.entry, {})["weight"] = weight
         page_weights[visit.book_page.entry] = {
-            "total": weight, "html": visit.traffic.loaded.get("/" + visit.book_page.html, 0),
-            "gzip": visit.traffic.gzip_weight, "files": len(visit.traffic.loaded)}
+            "total": weight,
+            "html": visit.traffic.loaded.get("/" + visit.book_page.html, 0),
+            "gzip": visit.traffic.gzip_weight,
+            "files": len(visit.traffic.loaded),
+        }
         assert visit.traffic.loaded, "nothing was loaded"
-        assert weight <= WEIGHT_LIMIT, (f"{visit.book_page} weighs {weight / MB:.2f} MB (HTML + every file it loads "
-                                        f"when scrolled through), over the {WEIGHT_LIMIT / MB:.0f} MB limit: "
-                                        "fewer figures or frames, fewer colours")
+        assert weight <= WEIGHT_LIMIT, (
+            f"{visit.book_page} weighs {weight / MB:.2f} MB (HTML + every file it loads "
+            f"when scrolled through), over the {WEIGHT_LIMIT / MB:.0f} MB limit: "
+            "fewer figures or frames, fewer colours"
+        )
 
     def test_screenshots_saved(self, visit):
         for width in ("desktop", "phone"):
@@ -355,6 +395,7 @@ class TestPage:
             visit.page.wait_for_load_state("networkidle")
         assert not visit.traffic.problems(), visit.traffic.problems()
 
+
 def search_case() -> tuple[str, BookPage]:
     """("rotary", the RoPE chapter) once notebooks/06_rope.ipynb exists; before that a word of a chapter title."""
     rope = next((page for page in PAGES if page.entry == "notebooks/06_rope"), None)
@@ -374,8 +415,11 @@ def test_search_finds_the_chapter(open_page, base_url):
     box.fill(query)
     box.press("Enter")
     page.wait_for_url(re.compile(r"/search\.html\?q=" + query), timeout=15_000)
-    page.wait_for_function("() => { const h = document.querySelector('#search-results h2');"
-                           " return h && h.textContent === 'Search Results'; }", timeout=30_000)
+    page.wait_for_function(
+        "() => { const h = document.querySelector('#search-results h2');"
+        " return h && h.textContent === 'Search Results'; }",
+        timeout=30_000,
+    )
     found = page.eval_on_selector_all("#search-results ul.search li a", "links => links.map(a => a.href)")
     pages_found = {urlsplit(href).path.lstrip("/") for href in found}
     assert expected.html in pages_found, f"searching {query!r} found {sorted(pages_found)}, not {expected.html}"

@@ -1,4 +1,5 @@
 """What a reader does beyond reading: the front page's figure, dark mode, the icons, the favicon."""
+
 from __future__ import annotations
 
 import pytest
@@ -92,8 +93,9 @@ def test_theme_icons_are_drawn_without_font_awesome(open_page, base_url):
     page, traffic = open_page(base_url + FRONT.html)
     loaded = " ".join(traffic.loaded)  # (its web fonts stay: the theme's CSS draws a few icons with them)
     assert "fontawesome.js" not in loaded, "the 1.5 MB Font Awesome script is still loaded"
-    page.wait_for_function("() => document.querySelector('button.theme-switch-button svg.svg-inline--fa')",
-                           timeout=10_000)
+    page.wait_for_function(
+        "() => document.querySelector('button.theme-switch-button svg.svg-inline--fa')", timeout=10_000
+    )
     missing = page.evaluate("""() => Array.from(document.querySelectorAll('i[class*="fa-"]'))
         .filter(i => i.offsetParent !== null || !i.previousElementSibling
                      || i.previousElementSibling.tagName.toLowerCase() !== 'svg')

@@ -1,4 +1,5 @@
 """The site as a whole: the bare address a reader types, and no ipywidgets view anywhere a page comes from."""
+
 from __future__ import annotations
 
 import json
@@ -30,8 +31,12 @@ def test_the_bare_address_opens_the_book(open_page, base_url):
 
 def widget_views(notebook) -> list[int]:
     cells = json.loads(notebook.read_text())["cells"]
-    return [i for i, cell in enumerate(cells) if cell["cell_type"] == "code"
-            and any(WIDGET_VIEW in output.get("data", {}) for output in cell.get("outputs", []))]
+    return [
+        i
+        for i, cell in enumerate(cells)
+        if cell["cell_type"] == "code"
+        and any(WIDGET_VIEW in output.get("data", {}) for output in cell.get("outputs", []))
+    ]
 
 
 def test_no_widget_view_in_a_built_page_or_its_notebook(site):

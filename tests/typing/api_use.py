@@ -4,6 +4,7 @@ It uses the library as the README does, and states with ``assert_type`` what a c
 annotations: a value typed ``Any`` would pass every other check silently, so each public call the README makes has
 its result type asserted here.
 """
+
 from __future__ import annotations
 
 from typing import assert_type
@@ -15,8 +16,9 @@ import posenc
 
 
 def tables(length: int) -> tuple[Tensor, Tensor]:
-    inv_freq, attention_factor = posenc.rope_frequencies(128, {"rope_type": "yarn", "factor": 4.0,
-                                                               "original_max_position_embeddings": 4096})
+    inv_freq, attention_factor = posenc.rope_frequencies(
+        128, {"rope_type": "yarn", "factor": 4.0, "original_max_position_embeddings": 4096}
+    )
     assert_type(inv_freq, Tensor)
     assert_type(attention_factor, float)
     cos, sin = posenc.rope_cos_sin(torch.arange(length), inv_freq, attention_factor)
@@ -33,9 +35,9 @@ def rotate_one(q: Tensor) -> Tensor:
 
 def with_a_module(q: Tensor, k: Tensor) -> tuple[Tensor, Tensor]:
     rope = posenc.RotaryEmbedding(64, {"rope_type": "dynamic", "factor": 2.0}, max_position_embeddings=512)
-    assert_type(rope.inv_freq, Tensor)                      # a buffer, typed as the tensor it is
+    assert_type(rope.inv_freq, Tensor)  # a buffer, typed as the tensor it is
     cos, sin = posenc.rope_cos_sin(torch.arange(16), rope.inv_freq)
-    assert_type(rope(q, k), tuple[Tensor, Tensor])           # __call__, as forward
+    assert_type(rope(q, k), tuple[Tensor, Tensor])  # __call__, as forward
     assert_type(rope.forward(q, k, offset=3), tuple[Tensor, Tensor])
     return rope(q, k, torch.arange(q.shape[-2])[None])
 
