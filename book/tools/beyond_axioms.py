@@ -56,10 +56,10 @@ def chapter_config(**changes):
 
 
 def encoding_names() -> list:
-    """Chapter 11's encodings, then CoPE, FoX and PaTH."""
+    """Chapter 11's encodings, then CoPE, FoX and PaTH (not ALiBi's fixed slopes, which only the checks train)."""
     from posenc.lab import experiments as ex
 
-    return list(ex.ENCODINGS) + list(ex.BEYOND_ENCODINGS)
+    return [name for name in ex.ENCODINGS if name != ALIBI_SLOPES_NAME] + list(ex.BEYOND_ENCODINGS)
 
 
 def register_alibi_slopes() -> str:
