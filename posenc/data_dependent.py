@@ -20,12 +20,14 @@ not used: they count tokens in sequence order, the queries being the last ``Lq``
   the logit is ``q_i^T H_i H_{i-1} ... H_{j+1} k_j / sqrt(D)``, a path-ordered product (the identity for
   ``j = i``), the order of the naive reference in flash-linear-attention (``tests/ops/test_path_attn.py``).
 
-Which of chapter 8's axioms each keeps (``AXIOMS``, checked in the tests): all three give up data independence and,
-in the token index, translation invariance (the logit of one pair at one offset changes with the tokens around it).
-FoX keeps translation invariance in its learned clock; PaTH keeps normalisation and linearity (invertible unless
-some ``beta_t = 1``) but its maps do not form a one-parameter group ``exp(tX)``: the product is path-ordered and
-its factors do not commute; CoPE gives up linearity (the logit is not bilinear in ``q``, ``k``) and normalisation
-(at offset 0 the position ``g_ii`` is not 0).
+Which of chapter 8's axioms each keeps (``AXIOMS``, checked in the tests): all three give up data independence (the
+logit of one pair at one offset changes with the tokens between them) and keep translation invariance (shift the
+whole sequence, e.g. by prepending tokens, and the logit of every pair of the shifted tokens is unchanged: the
+gates, clocks and products run from the key to the query only). FoX is moreover a function of the offset alone in
+its learned clock; PaTH keeps normalisation and linearity (invertible unless some ``beta_t = 1``) but its maps do
+not form a one-parameter group ``exp(tX)``: the product is path-ordered and its factors do not commute; CoPE gives
+up linearity (the logit is not bilinear in ``q``, ``k``) and normalisation (at offset 0 the position ``g_ii`` is
+not 0).
 
 Gates, positions, clocks and Householder products are computed in float32 or better whatever the inputs' dtype;
 the logits come back in the dtype of ``q``.
@@ -43,13 +45,14 @@ from torch import nn
 from ._checks import require_int, require_tensor
 from .encodings import PositionalEncoding
 
-#: Chapter 8's axioms (and data independence), kept (True) or given up (False), per encoding; "clock" means kept in
-#: a learned time rather than the token index. Each entry is checked numerically in tests/test_data_dependent.py.
+#: Chapter 8's axioms (and data independence), kept (True) or given up (False), per encoding. Translation invariance
+#: is the logits' invariance under a shift of the whole sequence (data independence is what a change of the tokens
+#: between a query and a key tests). Each entry is checked numerically in tests/test_data_dependent.py.
 AXIOMS = {
-    "CoPE": {"data independence": False, "translation invariance": False, "linearity": False,
+    "CoPE": {"data independence": False, "translation invariance": True, "linearity": False,
              "normalisation": False},
-    "FoX": {"data independence": False, "translation invariance": "clock", "linearity": True, "normalisation": True},
-    "PaTH": {"data independence": False, "translation invariance": False, "linearity": True, "normalisation": True},
+    "FoX": {"data independence": False, "translation invariance": True, "linearity": True, "normalisation": True},
+    "PaTH": {"data independence": False, "translation invariance": True, "linearity": True, "normalisation": True},
 }
 
 

@@ -11,8 +11,9 @@ argument): then ``R(p)^T R(p') = R(p' - p)``.
   with one learned skew block ``S_c = P_c - P_c^T`` ``(b, b)`` per block and coefficients ``a_{ic}``: two
   generators are multiples of the same ``S_c`` block by block, so they commute. ``variant="ap"`` (axis-partitioned:
   block ``c`` turns with axis ``c mod n`` only, ``a`` one-hot and fixed) and ``variant="ld"`` (linearly dependent:
-  ``a_{ic} = theta_i``, one learned scale per axis), the two solutions of the authors' README
-  (github.com/Longin-Yu/ComRoPE).
+  learned ``a_{ic}``, one per axis and block, so block ``c`` turns with its own combination ``sum_i a_{ic} p_i``),
+  the two solutions of the authors' code (github.com/Longin-Yu/ComRoPE, ``model.py``: ``ComRoPEAPAttention``,
+  ``ComRoPELDAttention`` with its multiplier of shape ``(1, num_axes, num_blocks, 1, 1)``, drawn N(0, 1)).
 * :class:`CayleySTRING`: ``R(p) = P^T RoPE(p) P`` with N-D RoPE (:class:`posenc.nd_rope.NDRoPE`, learnable
   frequencies) and one learned orthogonal ``P = (I + S)^{-1} (I - S)`` (the Cayley transform of a skew ``S``;
   Schenck et al., "Learning the RoPEs", ICML 2025). Its generators ``P^T G_a P`` commute because RoPE's do. In the
@@ -132,9 +133,15 @@ class ComRoPE(_LearnedGenerators):
     """ComRoPE as a "qk" plug-in: commuting block-diagonal learned generators (see the module docstring).
 
     ``head_dim`` ``D`` must be a multiple of ``block_size`` ``b`` (``m = D / b`` blocks). ``variant="ap"``: block
-    ``c`` belongs to axis ``c mod n_axes``; ``variant="ld"``: every block turns with ``sum_i theta_i p_i``.
-    ``scale`` sets the initial entries of each ``P_c`` (normal with that standard deviation; ``generator`` a
-    ``torch.Generator`` for reproducible draws). Logits are functions of ``p' - p`` alone, whatever the parameters.
+    ``c`` belongs to axis ``c mod n_axes``; ``variant="ld"``: block ``c`` turns with ``sum_i a_{ic} p_i``, learned
+    ``coefficients`` ``a`` ``(n_axes, m)`` drawn N(0, 1) as in the authors' code. ``scale`` sets the initial entries
+    of each ``P_c`` (normal with that standard deviation; ``generator`` a ``torch.Generator`` for reproducible
+    draws). Logits are functions of ``p' - p`` alone, whatever the parameters.
+
+    Where this departs from the authors' ``model.py``: one set of blocks for all heads (theirs: one per head); their
+    ``init_std`` defaults to 1 (``scale`` here 0.5); they scale each coordinate to ``(p + 1/2) / N`` on an ``N``-patch
+    axis, which in a relative logit is the coefficients divided by ``N`` (the shift cancels), so integer coordinates
+    here change the scale the coefficients start at, not the maps they can reach.
     """
 
     def __init__(self, head_dim: int, n_axes: int = 2, block_size: int = 4, variant: str = "ap",
@@ -152,7 +159,7 @@ class ComRoPE(_LearnedGenerators):
             self.register_buffer("coefficients", (torch.arange(m)[None, :] % n_axes == torch.arange(n_axes)[:, None])
                                  .float(), persistent=False)
         else:
-            self.coefficients = nn.Parameter(torch.ones(n_axes, 1))
+            self.coefficients = nn.Parameter(torch.randn(n_axes, m, generator=generator))
 
     def generator_matrices(self) -> torch.Tensor:
         return block_diagonal_generators(skew(self.raw_blocks), self.coefficients)

@@ -99,6 +99,32 @@ def test_beyond_axioms_data_matches_the_code():
                 assert part_record[key][str(n)] == pytest.approx(value, abs=1e-6)
 
 
+def test_beyond_axioms_budget_check_matches_the_code():
+    """The budget check (3x the steps on three seeds, every encoding and ALiBi's fixed slopes) and ALiBi's fixed
+    slopes at the chapter's budget: the configuration, names and shapes the tool defines today."""
+    from book.tools import beyond_axioms as tool
+    from posenc.lab import experiments as ex
+
+    record = _beyond_axioms_record()
+    budget = record["budget"]
+    name = tool.register_alibi_slopes()
+    assert ex.build_model(name, tool.chapter_config(), 0).encoding.slopes.tolist() == list(tool.ALIBI_SLOPES)
+    assert (budget["steps"], budget["seeds"]) == (tool.BUDGET_STEPS, list(tool.BUDGET_SEEDS))
+    assert budget["steps"] == 3 * record["config"]["steps"] and set(budget["seeds"]) <= set(record["config"]["seeds"])
+    assert budget["names"] == record["names"] + [name] and budget["alibi_slopes_name"] == name
+    assert budget["alibi_slopes"] == list(tool.ALIBI_SLOPES) and budget["labels"][name] == ex.encoding_label(name)
+    lengths = [str(n) for n in tool.chapter_config().eval_lengths]
+    for part_record, names, seeds in ((budget["longer"], budget["names"], budget["seeds"]),
+                                      (budget["k2"], [name], record["config"]["seeds"]),
+                                      (budget["k1"], [name], record["config"]["seeds"])):
+        for part in ("accuracy", "sparse", "sparse_last", "sparse_not_last"):
+            assert list(part_record[part]) == names
+            for per_length in part_record[part].values():
+                assert list(per_length) == lengths
+                assert all(len(v) == len(seeds) and all(0 <= x <= 1 for x in v) for v in per_length.values())
+        assert [len(v) for v in part_record["final_loss"].values()] == [len(seeds)] * len(names)
+
+
 def test_beyond_axioms_tool_runs_a_tiny_plan():
     from book.tools import beyond_axioms as tool
 

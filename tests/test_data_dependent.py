@@ -163,11 +163,11 @@ def test_attention_and_self_attention_use_the_content_logits(make):
     assert torch.equal(self_weights, direct)
 
 
-# not a function of the offset alone, and the axioms --------------------------------------------------------------
+# data dependence, translation invariance and the other axioms ----------------------------------------------------
 @pytest.mark.parametrize("make", [_cope_unclamped, _fox, _path], ids=["cope", "fox", "path"])
-def test_logit_is_not_a_function_of_the_offset(make):
-    """Two sequences, one pair (query 5, key 1) with the same q and k at the same offset, other tokens different:
-    different logits. A function of the offset alone would give the same."""
+def test_logit_depends_on_the_tokens_between(make):
+    """Data dependence: two sequences, one pair (query 5, key 1) with the same q and k at the same offset, the tokens
+    between them different: different logits. A function of the positions alone would give the same."""
     q, k, _, hidden = _data(7)
     enc = make()
     q2, k2, hidden2 = q.clone(), k.clone(), hidden.clone()
@@ -176,7 +176,25 @@ def test_logit_is_not_a_function_of_the_offset(make):
     first = enc.content_logits(q, k, hidden=hidden, allowed=CAUSAL)[..., 5, 1]
     second = enc.content_logits(q2, k2, hidden=hidden2, allowed=CAUSAL)[..., 5, 1]
     assert (first - second).abs().min().item() > 1e-6
-    assert dd.AXIOMS[type(enc).__name__]["translation invariance"] is not True
+    assert dd.AXIOMS[type(enc).__name__]["data independence"] is False
+
+
+@pytest.mark.parametrize("make", [_cope, _cope_unclamped, _fox, _path], ids=["cope", "cope-unclamped", "fox", "path"])
+def test_prepending_tokens_leaves_every_logit_unchanged(make):
+    """Translation invariance: the same tokens shifted by 3 (three other tokens prepended) give the same logit for
+    every causal pair of the shifted tokens; the gates, clocks and products run from the key to the query only."""
+    q, k, _, hidden = _data(17)
+    enc = make()
+    g = _gen(18)
+    extra = 3
+    q2, k2 = (torch.cat([torch.randn(B, H, extra, D, generator=g, dtype=q.dtype), t], 2) for t in (q, k))
+    hidden2 = torch.cat([torch.randn(B, extra, WIDTH, generator=g, dtype=q.dtype), hidden], 1)
+    causal2 = torch.ones(L + extra, L + extra, dtype=torch.bool).tril()
+    logits = enc.content_logits(q, k, hidden=hidden, allowed=CAUSAL).detach()
+    shifted = enc.content_logits(q2, k2, hidden=hidden2, allowed=causal2).detach()[..., extra:, extra:]
+    # float64: the same sums and products of at most L terms, perhaps in another order
+    assert (_lower(shifted) - _lower(logits)).abs().max().item() < 1e-12
+    assert dd.AXIOMS[type(enc).__name__]["translation invariance"] is True
 
 
 @pytest.mark.parametrize("make", [_cope, _fox, _path], ids=["cope", "fox", "path"])
@@ -198,13 +216,13 @@ def test_normalisation_and_linearity(make):
 
 
 def test_fox_is_alibi_on_a_learned_clock():
-    """FoX keeps translation invariance in the clock tau_t = -sum_{u <= t} log f_u: its bias is -(tau_i - tau_j)."""
+    """FoX is a function of the offset alone in the clock tau_t = -sum_{u <= t} log f_u: its bias is -(tau_i - tau_j)."""
     _, _, _, hidden = _data(11)
     enc = _fox()
     tau = -enc.log_forget_gates(hidden).cumsum(-1)
     assert torch.allclose(_lower(enc.bias(hidden)), _lower(-(tau[..., :, None] - tau[..., None, :])), atol=1e-12)
     assert bool((tau.diff(dim=-1) > 0).all())  # the clock only moves forward: log f < 0
-    assert dd.AXIOMS["FoX"]["translation invariance"] == "clock"
+    assert dd.AXIOMS["FoX"]["translation invariance"] is True
     assert torch.equal(enc.clock(hidden), tau)
 
 

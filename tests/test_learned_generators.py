@@ -241,3 +241,18 @@ def test_fit_scores_trains_towards_a_relative_target():
     assert after < 0.5 * before
     with pytest.raises(TypeError, match="encoding"):
         lg.fit_scores(torch.nn.Linear(2, 2), qp, kp, target)
+
+
+def test_comrope_ld_has_a_multiplier_per_axis_and_block():
+    """As the authors' ComRoPELDAttention: multipliers (n_axes, blocks) drawn N(0, 1), so blocks turn with different
+    combinations of the coordinates (one shared theta would make every block a function of theta . p)."""
+    enc = lg.ComRoPE(16, n_axes=2, block_size=4, variant="ld", generator=_gen(40))
+    assert isinstance(enc.coefficients, torch.nn.Parameter) and enc.coefficients.shape == (2, 4)
+    a = enc.coefficients.detach()
+    directions = torch.nn.functional.normalize(a.T, dim=1)  # (blocks, 2): each block's direction in the plane
+    assert (directions @ directions.T).abs().min() < 0.99  # not all parallel
+    draws = torch.cat([lg.ComRoPE(16, 2, 4, "ld", generator=_gen(s)).coefficients.detach().flatten()
+                       for s in range(200)])  # 1600 standard normal draws: mean 0 +- 0.025, std 1 +- 0.018
+    assert abs(draws.mean().item()) < 0.1 and abs(draws.std().item() - 1) < 0.1
+    enc.generator_matrices().square().sum().backward()
+    assert enc.coefficients.grad.shape == (2, 4) and (enc.coefficients.grad != 0).all()

@@ -16,7 +16,15 @@ generalisation, so the drop from k = 1 to k = 2 is what counting costs. The resu
 configuration, the per-seed accuracies and the final losses (k = 2 at the top level, the k = 1 control under
 ``"k1"``); chapter 14 reads it and retrains one seed of a few encodings live as a spot check.
 
-Usage (what ``make beyond-axioms`` runs)::
+Two checks sit beside the comparison, under ``"budget"``:
+
+* the **budget check**: every encoding again on k = 2 with three times the steps (``BUDGET_STEPS``) on three of
+  the seeds (``BUDGET_SEEDS``), so that a failure at 200 steps is not read as what an encoding cannot do;
+* ALiBi at **fixed slopes** (``ALIBI_SLOPES``, one steep head per offset scale) besides the standard schedule
+  ``2^(-8h/n)``, whose steepest head at 4 heads (slope 1/4) spreads its weight over several offsets: at the
+  chapter's budget (k = 2 and the k = 1 control, every seed) and in the budget check.
+
+Usage (what ``make beyond-axioms`` runs; ``--budget-only`` remakes only ``"budget"`` in an existing file)::
 
     nice -n 10 python -m book.tools.beyond_axioms --output posenc/lab/data/beyond_axioms.json
 """
@@ -35,6 +43,9 @@ import torch
 ROOT = Path(__file__).resolve().parents[2]
 K, RATE, SPARSE_RATE = 2, 0.25, 0.1
 LENGTH_FACTORS = (1, 2, 4)
+BUDGET_STEPS, BUDGET_SEEDS = 600, (1, 2, 4)
+ALIBI_SLOPES = (4.0, 2.0, 1.0, 0.5)
+ALIBI_SLOPES_NAME = "alibi-slopes"
 
 
 def chapter_config(**changes):
@@ -45,10 +56,49 @@ def chapter_config(**changes):
 
 
 def encoding_names() -> list:
-    """Chapter 11's encodings, then CoPE, FoX and PaTH."""
+    """Chapter 11's encodings, then CoPE, FoX and PaTH (not ALiBi's fixed slopes, which only the checks train)."""
     from posenc.lab import experiments as ex
 
-    return list(ex.ENCODINGS) + list(ex.BEYOND_ENCODINGS)
+    return [name for name in ex.ENCODINGS if name != ALIBI_SLOPES_NAME] + list(ex.BEYOND_ENCODINGS)
+
+
+def register_alibi_slopes() -> str:
+    """Register ALiBi with the fixed slopes ``ALIBI_SLOPES`` (one per head) as the encoding ``ALIBI_SLOPES_NAME``
+    (:func:`posenc.lab.experiments.add_encoding`); returns the name."""
+    from posenc.alibi import ALiBi
+    from posenc.lab import experiments as ex
+
+    def factory(config):
+        if config.n_heads != len(ALIBI_SLOPES):
+            raise ValueError(f"ALIBI_SLOPES has {len(ALIBI_SLOPES)} slopes, the model {config.n_heads} heads")
+        alibi = ALiBi(config.n_heads, causal=True)
+        alibi.slopes.copy_(torch.tensor(ALIBI_SLOPES))
+        return alibi
+
+    label = "ALiBi, slopes (" + ", ".join(f"{s:g}" for s in ALIBI_SLOPES) + ")"
+    return ex.add_encoding(ALIBI_SLOPES_NAME, label, factory)
+
+
+def budget_check(names, progress=print) -> dict:
+    """The two checks of the module docstring: ``{"steps", "seeds", "names", "labels", "alibi_slopes",
+    "alibi_slopes_name", "k2": run(...) of ALiBi's fixed slopes at the chapter's budget, "k1": the same on k = 1,
+    "longer": run(...) of ``names`` and ALiBi's fixed slopes at BUDGET_STEPS on BUDGET_SEEDS (k = 2)}``."""
+    from posenc.lab import experiments as ex
+
+    alibi = register_alibi_slopes()
+    longer_names = list(names) + [alibi]
+    longer = run(longer_names, chapter_config(steps=BUDGET_STEPS, seeds=BUDGET_SEEDS), progress=progress)
+    return {"steps": BUDGET_STEPS, "seeds": list(BUDGET_SEEDS), "names": longer_names,
+            "labels": {name: ex.encoding_label(name) for name in longer_names},
+            "alibi_slopes": list(ALIBI_SLOPES), "alibi_slopes_name": alibi,
+            "k2": run([alibi], chapter_config(), progress=progress),
+            "k1": run([alibi], chapter_config(), k=1, progress=progress), "longer": longer,
+            "machine": machine()}
+
+
+def machine() -> dict:
+    return {"platform": platform.platform(), "cores": os.cpu_count(),
+            "versions": {"python": platform.python_version(), "torch": torch.__version__}}
 
 
 def run(names, config, k: int = K, rate: float = RATE, sparse_rate: float = SPARSE_RATE, progress=print) -> dict:
@@ -103,6 +153,8 @@ def main(argv=None) -> int:
     parser.add_argument("--output", default=str(ROOT / "posenc" / "lab" / "data" / "beyond_axioms.json"))
     parser.add_argument("--names", default=None, help="comma-separated encoding names (default: all)")
     parser.add_argument("--seeds", default=None, help="comma-separated seeds (default: chapter 11's five)")
+    parser.add_argument("--budget-only", action="store_true",
+                        help="remake only the budget check and ALiBi's fixed slopes (\"budget\") in --output")
     args = parser.parse_args(argv)
     names = args.names.split(",") if args.names else encoding_names()
     config = chapter_config() if args.seeds is None else chapter_config(
@@ -114,9 +166,18 @@ def main(argv=None) -> int:
         print(f"{ex.encoding_label(pair[0].encoding):42s} final loss per seed "
               + " ".join(f"{r.losses[-1]:.3f}" for r in pair), flush=True)
 
+    if args.budget_only:
+        record = json.loads(Path(args.output).read_text())
+        start = time.perf_counter()
+        record["budget"] = budget_check(record["names"], progress=progress)
+        Path(args.output).write_text(json.dumps(record, indent=1) + "\n")
+        print(f"wrote the budget check into {args.output} ({time.perf_counter() - start:.0f} s)")
+        return 0
     result = run(names, config, progress=progress)
     print("k = 1 control", flush=True)
     control = run(names, config, k=1, progress=progress)
+    print(f"budget check: {BUDGET_STEPS} steps, seeds {BUDGET_SEEDS}; ALiBi at slopes {ALIBI_SLOPES}", flush=True)
+    budget = budget_check(names, progress=progress)
     record = {
         "task": {"name": "CopyAfterMarker", "k": K, "rate": RATE, "sparse_rate": SPARSE_RATE},
         "config": {key: list(value) if isinstance(value, tuple) else value
@@ -125,6 +186,7 @@ def main(argv=None) -> int:
         "labels": {name: ex.encoding_label(name) for name in names},
         **result,
         "k1": control,
+        "budget": budget,
         "machine": {"platform": platform.platform(), "cores": os.cpu_count()},
         "versions": {"python": platform.python_version(), "torch": torch.__version__},
     }
