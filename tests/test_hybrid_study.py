@@ -205,3 +205,23 @@ def test_the_make_target_writes_what_load_results_reads(tmp_path, monkeypatch):
     assert [getattr(r, "depth", None) for r in again] == [getattr(r, "depth", None) for r in runs]
     assert [r.fresh for r in again] == [r.fresh for r in runs]
     assert "todays_models" in record["command"] and record["machine"]["threads"] == 1
+
+
+def test_fresh_view_swaps_in_the_fresh_numbers_and_keeps_the_fixed_ones():
+    _, runs = hs.load_results()
+    view = hs.fresh_view(runs)
+    config = hs.study_config()
+    marker = hs.study_tasks()[2].name
+    for run, seen in zip(runs, view):
+        for n in config.eval_lengths:
+            expected = run.fresh[str(n)]["accuracy"] if n in hs.FRESH_LENGTHS else run.accuracy[n]
+            assert seen.accuracy[n] == expected
+        assert set(seen.sequence_sd) == set(run.fresh)
+        if run.task == marker:
+            assert seen.depth == {key: run.fresh[key]["accuracy"] for key in run.depth}
+            assert run.depth != seen.depth  # the stored runs keep the fixed batch's
+    task = hs.study_tasks()[2]
+    assert torch.equal(hs.evaluation_batch(task, 16, config)[0], ex.evaluation_data(task, 16, config)[0])
+    assert torch.equal(hs.evaluation_batch(task, 256, config)[0], hs.fresh_data(task, 256, config)[0])
+    assert torch.equal(hs.evaluation_batch(task, 256, config, 224)[0],
+                       hs.deep_marker_data(task, 256, 224, config, fresh=True)[0])

@@ -91,6 +91,35 @@ def fresh_data(task, length: int, config: ex.ExperimentConfig, sequences: int = 
     return task.sample(sequences, length, config.vocab_size, generator)
 
 
+def evaluation_batch(task, length: int, config: ex.ExperimentConfig, depth: int = 0):
+    """The batch the chapter's numbers at ``length`` rest on: :func:`fresh_data` at a length of
+    :data:`FRESH_LENGTHS` (with ``depth``, its :func:`deep_marker_data`), else the harness's fixed batch (at L and 2L,
+    256 and 128 sequences). Returns ``(inputs, targets, mask)``."""
+    fresh = length in FRESH_LENGTHS
+    if depth:
+        return deep_marker_data(task, length, depth, config, fresh=fresh)
+    return fresh_data(task, length, config) if fresh else ex.evaluation_data(task, length, config)
+
+
+def fresh_view(runs: list) -> list:
+    """Copies of ``runs`` (from :func:`load_results`) whose accuracies at :data:`FRESH_LENGTHS` and depth probes are
+    the fresh evaluation's (the fixed batch's at the other lengths), and with ``sequence_sd`` (key -> the spread of
+    the per-sequence accuracies) added; the runs themselves keep the fixed batch's, which a retraining reproduces."""
+    view = []
+    for run in runs:
+        copy = ex.Run(run.task, run.encoding, run.seed, list(run.losses), dict(run.accuracy))
+        copy.sequence_sd = {}
+        for key, entry in run.fresh.items():
+            if "@" in key:
+                copy.depth = dict(getattr(copy, "depth", None) or run.depth)
+                copy.depth[key] = entry["accuracy"]
+            else:
+                copy.accuracy[int(key)] = entry["accuracy"]
+            copy.sequence_sd[key] = entry["sequence_sd"]
+        view.append(copy)
+    return view
+
+
 def sequence_accuracies(models: list, inputs, targets, mask, config: ex.ExperimentConfig, max_scores: int = 2**22):
     """The most-likely-token accuracy of each of ``models`` (built :class:`~posenc.lab.experiments.TinyTransformer`
     of ``config``, evaluated side by side as one :class:`~posenc.lab.experiments.Ensemble`) on one batch (each
@@ -262,5 +291,5 @@ def load_results(path=None) -> tuple:
 
 
 __all__ = ["N_LAYERS", "DEPTHS", "FRESH_LENGTHS", "FRESH_SEQUENCES", "FRESH_SEED", "fresh_data", "sequence_accuracies",
-           "fresh_evaluation", "deep_marker_data", "depth_accuracy", "depth_key", "WINDOW", "NAMES", "RESULTS_FILE", "study_config", "study_tasks", "register", "train_study",
+           "fresh_evaluation", "evaluation_batch", "fresh_view", "deep_marker_data", "depth_accuracy", "depth_key", "WINDOW", "NAMES", "RESULTS_FILE", "study_config", "study_tasks", "register", "train_study",
            "results_record", "machine", "same_platform", "load_results"]
