@@ -158,6 +158,9 @@ def test_chapter_13_study_file_matches_the_code():
     marker_runs = [run for run in runs if run.task == hybrid_study.study_tasks()[2].name]
     assert len(marker_runs) == 25 and all(set(run.depth) == keys for run in marker_runs)
     assert all(0 <= value <= 1 for run in marker_runs for value in run.depth.values())
+    # and every run the fresh evaluation: 128 new sequences at 4L, 16L and 32L (and at the depth probes)
+    assert record["fresh"] == {"lengths": [64, 256, 512], "sequences": 128, "seed_offset": hybrid_study.FRESH_SEED}
+    assert all(entry["sequences"] == 128 for run in runs for entry in run.fresh.values())
 
 
 def test_read_json_reads_the_committed_files_and_names_what_is_missing(tmp_path):

@@ -80,6 +80,50 @@ def test_committed_result_has_the_marker_tasks_depth_evaluation():
     assert not any(hasattr(run, "depth") for run in runs if run.task != marker)
 
 
+def test_committed_result_has_the_fresh_evaluation():
+    _, runs = hs.load_results()
+    marker = hs.study_tasks()[2].name
+    lengths = {str(n) for n in hs.FRESH_LENGTHS}
+    depths = {hs.depth_key(n, d) for n, d in hs.DEPTHS}
+    for run in runs:
+        assert set(run.fresh) == (lengths | depths if run.task == marker else lengths)
+        assert all(entry["sequences"] == hs.FRESH_SEQUENCES >= 128 for entry in run.fresh.values())
+
+
+def test_fresh_data_is_new_seeded_and_the_same_for_every_model():
+    config = hs.study_config()
+    for task in hs.study_tasks():
+        for length in hs.FRESH_LENGTHS:
+            inputs, targets, mask = hs.fresh_data(task, length, config)
+            assert inputs.shape == targets.shape == mask.shape == (hs.FRESH_SEQUENCES, length)
+            assert torch.equal(inputs, hs.fresh_data(task, length, config)[0])
+            fixed = ex.evaluation_data(task, length, config)[0]
+            # no fresh sequence repeats one of the fixed batch's
+            assert not (inputs[:, None] == fixed[None]).all(-1).any()
+    task = hs.study_tasks()[2]
+    inputs = hs.deep_marker_data(task, 256, 224, hs.study_config(), fresh=True)[0]
+    assert inputs.shape == (hs.FRESH_SEQUENCES, 256) and (inputs[:, 224] == task.marker(16)).all()
+    with pytest.raises(TypeError, match="fresh"):
+        hs.deep_marker_data(task, 256, 224, hs.study_config(), fresh=1)
+
+
+def test_sequence_accuracies_pool_the_targets_and_chunking_changes_nothing():
+    hs.register()
+    config = hs.study_config()
+    task = hs.study_tasks()[2]
+    models = [ex.build_model(name, config, seed=1) for name in ("rnope-swa", "rope")]
+    inputs, targets, mask = hs.fresh_data(task, 64, config, sequences=12)
+    pooled, per_sequence = hs.sequence_accuracies(models, inputs, targets, mask, config)
+    chunked, per_chunked = hs.sequence_accuracies(models, inputs, targets, mask, config, max_scores=4 * 64 * 64 * 5)
+    assert torch.equal(pooled, chunked) and torch.equal(per_sequence, per_chunked)
+    assert per_sequence.shape == (2, 12)
+    for index, model in enumerate(models):
+        alone = ex.batch_accuracy(model, inputs, targets, mask)[0]
+        assert abs(pooled[index].item() - alone) < 1e-6  # the single model's own accuracy (same argmax)
+        weights = mask.sum(1).double()
+        assert torch.isclose((per_sequence[index] * weights).sum() / weights.sum(), pooled[index].double())
+
+
 def test_deep_marker_data_moves_the_source_to_the_depth():
     config = hs.study_config()
     task = hs.study_tasks()[2]
@@ -135,6 +179,11 @@ def test_load_results_fails_clearly(tmp_path):
     broken.write_text(json.dumps(dict(record, runs=runs)))
     with pytest.raises(ValueError, match=r"depth\['64@32'\]"):
         hs.load_results(broken)
+    runs = list(record["runs"])
+    runs[0] = {key: value for key, value in runs[0].items() if key != "fresh"}
+    broken.write_text(json.dumps(dict(record, runs=runs)))
+    with pytest.raises(ValueError, match=r"fresh\['64'\]"):
+        hs.load_results(broken)
     broken.write_text(json.dumps(dict(record, runs=record["runs"][1:])))
     with pytest.raises(ValueError, match="every task x name x seed"):
         hs.load_results(broken)
@@ -154,4 +203,25 @@ def test_the_make_target_writes_what_load_results_reads(tmp_path, monkeypatch):
     assert [(r.task, r.encoding, r.seed, r.accuracy) for r in again] == [(r.task, r.encoding, r.seed, r.accuracy)
                                                                          for r in runs]
     assert [getattr(r, "depth", None) for r in again] == [getattr(r, "depth", None) for r in runs]
+    assert [r.fresh for r in again] == [r.fresh for r in runs]
     assert "todays_models" in record["command"] and record["machine"]["threads"] == 1
+
+
+def test_fresh_view_swaps_in_the_fresh_numbers_and_keeps_the_fixed_ones():
+    _, runs = hs.load_results()
+    view = hs.fresh_view(runs)
+    config = hs.study_config()
+    marker = hs.study_tasks()[2].name
+    for run, seen in zip(runs, view):
+        for n in config.eval_lengths:
+            expected = run.fresh[str(n)]["accuracy"] if n in hs.FRESH_LENGTHS else run.accuracy[n]
+            assert seen.accuracy[n] == expected
+        assert set(seen.sequence_sd) == set(run.fresh)
+        if run.task == marker:
+            assert seen.depth == {key: run.fresh[key]["accuracy"] for key in run.depth}
+            assert run.depth != seen.depth  # the stored runs keep the fixed batch's
+    task = hs.study_tasks()[2]
+    assert torch.equal(hs.evaluation_batch(task, 16, config)[0], ex.evaluation_data(task, 16, config)[0])
+    assert torch.equal(hs.evaluation_batch(task, 256, config)[0], hs.fresh_data(task, 256, config)[0])
+    assert torch.equal(hs.evaluation_batch(task, 256, config, 224)[0],
+                       hs.deep_marker_data(task, 256, 224, config, fresh=True)[0])

@@ -28,6 +28,13 @@ WINDOW = 8  # the RoPE layers' sliding window in RNoPE-SWA: half the training le
 # the three the chapter compares, then RNoPE-SWA and its control (windowed RoPE in all four layers)
 NAMES = ("rope", "nope-causal", "hybrid", "rnope-swa", "rope-window")
 RESULTS_FILE = DATA_DIR / "todays_models.json"
+#: The fresh evaluation (run by :func:`train_study`): :data:`FRESH_SEQUENCES` new sequences per length of :data:`FRESH_LENGTHS` (and per depth
+#: probe of :data:`DEPTHS`), drawn with seeds offset by :data:`FRESH_SEED` from the harness's fixed batches, which hold
+#: only 64, 16 and 8 sequences at 4L, 16L and 32L. Every run records the pooled accuracy and the spread of its
+#: per-sequence accuracies.
+FRESH_LENGTHS = (64, 256, 512)
+FRESH_SEQUENCES = 128
+FRESH_SEED = 1_000_003
 
 
 def study_config() -> ex.ExperimentConfig:
@@ -64,14 +71,99 @@ def train_study(seeds=None, names=NAMES, tasks=None, threads: int = 1, device=No
         for run in runs:
             if run.task == marker.name and run.model is not None:
                 run.depth = {depth_key(n, d): depth_accuracy(run.model, marker, n, d, config) for n, d in DEPTHS}
+        tasks_by_name = {task.name: task for task in study_tasks()}
+        for start in range(0, len(runs), len(config.seeds)):  # one group of seeds per task and name
+            group = runs[start:start + len(config.seeds)]
+            if all(run.model is not None for run in group):
+                fresh = fresh_evaluation([run.model for run in group], tasks_by_name[group[0].task], config)
+                for run, result in zip(group, fresh):
+                    run.fresh = result
     return config, runs
 
 
-def deep_marker_data(task: CopyAfterMarker, length: int, depth: int, config: ex.ExperimentConfig):
-    """The marker task's evaluation batch at ``length`` with its source moved to depth ``depth``: every marker before
-    ``depth`` replaced by an ordinary token, a marker forced at ``depth`` and an ordinary token after it (the source).
-    Returns ``(inputs, targets, mask)``, each ``(B, length)`` (mask: where there is a target, from ``depth + 1`` on).
-    Seeded by ``config.eval_seed``, ``length`` and ``depth``: the same batch for every model."""
+def fresh_data(task, length: int, config: ex.ExperimentConfig, sequences: int = FRESH_SEQUENCES):
+    """``sequences`` new sequences of ``task`` at ``length`` (none shared with the harness's fixed batch of
+    :func:`~posenc.lab.experiments.evaluation_data`): ``(inputs, targets, mask)``, each ``(sequences, length)``.
+    Seeded by ``config.eval_seed + FRESH_SEED + length``: the same sequences for every model."""
+    import torch
+
+    generator = torch.Generator().manual_seed(config.eval_seed + FRESH_SEED + length)
+    return task.sample(sequences, length, config.vocab_size, generator)
+
+
+def evaluation_batch(task, length: int, config: ex.ExperimentConfig, depth: int = 0):
+    """The batch the chapter's numbers at ``length`` rest on: :func:`fresh_data` at a length of
+    :data:`FRESH_LENGTHS` (with ``depth``, its :func:`deep_marker_data`), else the harness's fixed batch (at L and 2L,
+    256 and 128 sequences). Returns ``(inputs, targets, mask)``."""
+    fresh = length in FRESH_LENGTHS
+    if depth:
+        return deep_marker_data(task, length, depth, config, fresh=fresh)
+    return fresh_data(task, length, config) if fresh else ex.evaluation_data(task, length, config)
+
+
+def fresh_view(runs: list) -> list:
+    """Copies of ``runs`` (from :func:`load_results`) whose accuracies at :data:`FRESH_LENGTHS` and depth probes are
+    the fresh evaluation's (the fixed batch's at the other lengths), and with ``sequence_sd`` (key -> the spread of
+    the per-sequence accuracies) added; the runs themselves keep the fixed batch's, which a retraining reproduces."""
+    view = []
+    for run in runs:
+        copy = ex.Run(run.task, run.encoding, run.seed, list(run.losses), dict(run.accuracy))
+        copy.sequence_sd = {}
+        for key, entry in run.fresh.items():
+            if "@" in key:
+                copy.depth = dict(getattr(copy, "depth", None) or run.depth)
+                copy.depth[key] = entry["accuracy"]
+            else:
+                copy.accuracy[int(key)] = entry["accuracy"]
+            copy.sequence_sd[key] = entry["sequence_sd"]
+        view.append(copy)
+    return view
+
+
+def sequence_accuracies(models: list, inputs, targets, mask, config: ex.ExperimentConfig, max_scores: int = 2**22):
+    """The most-likely-token accuracy of each of ``models`` (built :class:`~posenc.lab.experiments.TinyTransformer`
+    of ``config``, evaluated side by side as one :class:`~posenc.lab.experiments.Ensemble`) on one batch (each
+    ``(B, L)``), in chunks of sequences whose attention scores stay under ``max_scores`` elements: ``(pooled (M,),
+    per sequence (M, B))``, pooled over all targets, per sequence NaN where a row has no target."""
+    import torch
+
+    ensemble = ex.Ensemble.from_models(models, config)
+    n_models, length = len(models), inputs.shape[1]
+    step = max(1, max_scores // (n_models * config.n_heads * length * length))
+    correct = []
+    with torch.no_grad():
+        for start in range(0, len(inputs), step):
+            chunk = slice(start, start + step)
+            batch = [part[chunk].expand(n_models, -1, -1) for part in (inputs, targets, mask)]
+            correct.append((ensemble.logits(batch[0]).argmax(dim=-1) == batch[1]) & batch[2])  # (M, b, L)
+    correct = torch.cat(correct, dim=1)
+    per_sequence = correct.sum(2).double() / mask.sum(1).double()
+    return correct.flatten(1).sum(1) / mask.sum(), per_sequence
+
+
+def fresh_evaluation(models: list, task, config: ex.ExperimentConfig) -> list:
+    """Each of ``models`` on :func:`fresh_data` at every length of :data:`FRESH_LENGTHS` and, for the marker task, on
+    the fresh depth probes of :data:`DEPTHS` (key :func:`depth_key`): one dict per model, ``{key: {"accuracy": pooled,
+    "sequence_sd": standard deviation of its per-sequence accuracies, "sequences": count}}``, lengths as strings."""
+    batches = {str(n): fresh_data(task, n, config) for n in FRESH_LENGTHS}
+    if isinstance(task, CopyAfterMarker):
+        batches.update({depth_key(n, d): deep_marker_data(task, n, d, config, fresh=True) for n, d in DEPTHS})
+    results = [{} for _ in models]
+    for key, batch in batches.items():
+        pooled, per_sequence = sequence_accuracies(models, *batch, config)
+        for index, result in enumerate(results):
+            values = per_sequence[index][~per_sequence[index].isnan()]
+            result[key] = {"accuracy": pooled[index].item(), "sequence_sd": values.std().item(),
+                           "sequences": len(values)}
+    return results
+
+
+def deep_marker_data(task: CopyAfterMarker, length: int, depth: int, config: ex.ExperimentConfig, fresh: bool = False):
+    """The marker task's evaluation batch at ``length`` (with ``fresh``, the :func:`fresh_data` batch) with its source
+    moved to depth ``depth``: every marker before ``depth`` replaced by an ordinary token, a marker forced at ``depth``
+    and an ordinary token after it (the source). Returns ``(inputs, targets, mask)``, each ``(B, length)`` (mask: where
+    there is a target, from ``depth + 1`` on). Seeded by ``config.eval_seed``, ``length`` and ``depth`` (and
+    :data:`FRESH_SEED` with ``fresh``): the same batch for every model."""
     import torch
 
     if not isinstance(task, CopyAfterMarker) or task.k != 1:
@@ -80,9 +172,11 @@ def deep_marker_data(task: CopyAfterMarker, length: int, depth: int, config: ex.
         raise TypeError(f"length and depth must be ints, got {length!r} and {depth!r}")
     if not 0 <= depth <= length - 2:
         raise ValueError(f"depth must be in [0, length - 2] = [0, {length - 2}], got {depth}")
-    inputs = ex.evaluation_data(task, length, config)[0].clone()
+    if not isinstance(fresh, bool):
+        raise TypeError(f"fresh must be a bool, got {fresh!r}")
+    inputs = (fresh_data(task, length, config) if fresh else ex.evaluation_data(task, length, config))[0].clone()
     marker = task.marker(config.vocab_size)
-    generator = torch.Generator().manual_seed(config.eval_seed + 1000 * length + depth)
+    generator = torch.Generator().manual_seed(config.eval_seed + 1000 * length + depth + (FRESH_SEED if fresh else 0))
     ordinary = torch.randint(marker, inputs.shape, generator=generator)  # tokens 0 .. marker - 1
     head = inputs[:, :depth + 2]
     inputs[:, :depth + 2] = torch.where(head == marker, ordinary[:, :depth + 2], head)
@@ -113,10 +207,12 @@ def results_record(config: ex.ExperimentConfig, runs: list, **extra) -> dict:
     (machine, versions, time)."""
     return {"config": {key: _plain(value) for key, value in asdict(config).items()}, "window": WINDOW,
             "depths": [list(pair) for pair in DEPTHS],
+            "fresh": {"lengths": list(FRESH_LENGTHS), "sequences": FRESH_SEQUENCES, "seed_offset": FRESH_SEED},
             "names": list(NAMES), "tasks": [task.name for task in study_tasks()],
             "runs": [{"task": r.task, "encoding": r.encoding, "seed": r.seed, "final_loss": r.losses[-1],
                       "accuracy": {str(n): a for n, a in r.accuracy.items()},
-                      **({"depth": dict(r.depth)} if getattr(r, "depth", None) else {})} for r in runs], **extra}
+                      **({"depth": dict(r.depth)} if getattr(r, "depth", None) else {}),
+                      **({"fresh": dict(r.fresh)} if getattr(r, "fresh", None) else {})} for r in runs], **extra}
 
 
 def machine(threads: int = 1) -> dict:
@@ -144,7 +240,7 @@ def load_results(path=None) -> tuple:
     path, record = read_json(RESULTS_FILE.name, path, "study result",
                              "`make todays-models` remakes it (a few minutes)")
     expected = results_record(study_config(), [])
-    for key in ("config", "window", "depths", "names", "tasks"):
+    for key in ("config", "window", "depths", "fresh", "names", "tasks"):
         if record.get(key) != expected[key]:
             raise ValueError(f"{path.name}: field {key!r} is {record.get(key)!r}, the code says {expected[key]!r}: "
                              "remake the file with `make todays-models`")
@@ -174,6 +270,17 @@ def load_results(path=None) -> tuple:
                     raise ValueError(f"{path.name}: runs[{index}].depth[{name!r}] must be a number in [0, 1], "
                                      f"got {value!r}")
             run.depth = {name: depth[name] for name in (depth_key(n, d) for n, d in DEPTHS)}
+        fresh_keys = [str(n) for n in FRESH_LENGTHS] + ([depth_key(n, d) for n, d in DEPTHS]
+                                                        if key[0] == expected["tasks"][2] else [])
+        fresh = entry.get("fresh", {})
+        for name in fresh_keys:
+            value = fresh.get(name, {})
+            numbers = [value.get(field) for field in ("accuracy", "sequence_sd")] if isinstance(value, dict) else [None]
+            if any(isinstance(x, bool) or not isinstance(x, (int, float)) or not 0 <= x <= 1 for x in numbers) or (
+                    value.get("sequences") != FRESH_SEQUENCES):
+                raise ValueError(f"{path.name}: runs[{index}].fresh[{name!r}] must hold accuracy and sequence_sd in "
+                                 f"[0, 1] over {FRESH_SEQUENCES} sequences, got {value!r}")
+        run.fresh = {name: dict(fresh[name]) for name in fresh_keys}
         runs.append(run)
     wanted = {(task, name, seed) for task in expected["tasks"] for name in NAMES for seed in config.seeds}
     if seen != wanted:
@@ -183,5 +290,6 @@ def load_results(path=None) -> tuple:
     return record, runs
 
 
-__all__ = ["N_LAYERS", "DEPTHS", "deep_marker_data", "depth_accuracy", "depth_key", "WINDOW", "NAMES", "RESULTS_FILE", "study_config", "study_tasks", "register", "train_study",
+__all__ = ["N_LAYERS", "DEPTHS", "FRESH_LENGTHS", "FRESH_SEQUENCES", "FRESH_SEED", "fresh_data", "sequence_accuracies",
+           "fresh_evaluation", "evaluation_batch", "fresh_view", "deep_marker_data", "depth_accuracy", "depth_key", "WINDOW", "NAMES", "RESULTS_FILE", "study_config", "study_tasks", "register", "train_study",
            "results_record", "machine", "same_platform", "load_results"]
