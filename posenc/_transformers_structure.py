@@ -163,6 +163,9 @@ def bind_forward(attention: torch.nn.Module, forward: types.FunctionType, replac
     other functions; the modeling module and every other instance keep the original."""
     namespace = dict(forward.__globals__)
     namespace.update(replacements)
+    # without `__name__`, torch.compile reads this dict's globals as the function's own scope (as for namedtuple's
+    # generated code) instead of importing the modeling module by name and reading the originals from it
+    namespace.pop("__name__", None)
     copy = types.FunctionType(forward.__code__, namespace, forward.__name__, forward.__defaults__,
                               forward.__closure__)
     copy.__kwdefaults__ = forward.__kwdefaults__

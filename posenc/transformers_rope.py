@@ -187,6 +187,8 @@ class PosencRope:
             seq_len = position_ids.max() + 1  # the length transformers uses, kept on the device
             inv_freq, factor = self._table(layer_type, seq_len)
             inv_freq = self._masked(inv_freq.to(position_ids.device))
+        if self.rounding == "model":  # the model stores its table in its buffer's dtype (bf16 after .to(bf16))
+            inv_freq = inv_freq.to(self._buffer_dtype(layer_type)).float()
         cos, sin = rope_cos_sin(position_ids, inv_freq, factor)  # (B, L, R/2) float32
         if self._keep is not None:
             keep = self._keep.to(cos.device)
@@ -196,6 +198,12 @@ class PosencRope:
         else:
             cos, sin = torch.cat((cos, cos), -1), torch.cat((sin, sin), -1)
         return cos.to(dtype), sin.to(dtype)
+
+    def _buffer_dtype(self, layer_type) -> torch.dtype:
+        """The dtype of the rotary embedding's own frequency buffer (``inv_freq``, or ``<layer_type>_inv_freq``)."""
+        name = "inv_freq" if layer_type is None else f"{layer_type}_inv_freq"
+        buffer = getattr(self.rotary, name, None)
+        return buffer.dtype if isinstance(buffer, torch.Tensor) and buffer.is_floating_point() else torch.float32
 
     # ---------------------------------------------------------------------------------------- patching
     def _plan(self, index: int, own: dict):
