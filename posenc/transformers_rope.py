@@ -54,7 +54,9 @@ class PosencRope:
     """The patch made by :func:`use_posenc_rope`: a context manager (``with ... as model``) and ``remove()``.
 
     Attributes: ``model`` (the model given), ``decoder`` (its module holding ``rotary_emb`` and ``layers``),
-    ``layout`` (``"half"`` or ``"interleaved"``: how the model lays out its pairs), ``rounding``, and
+    ``layout`` (``"half"`` or ``"interleaved"``: how the model lays out its pairs), ``rotations`` (per layer,
+    ``{function name: layout}``: the rotation functions its attention calls and what a probe found them to be),
+    ``rounding``, and
     ``captured``: ``{layer: (q, k)}``, the un-rotated queries ``(B, H, L, R)`` and keys ``(B, H_kv, L, R)`` that
     the layers in ``capture_layers`` handed to their rotation at the last forward pass (detached copies; ``R``
     the rotated features, the whole head for most models).
@@ -119,6 +121,7 @@ class PosencRope:
             raise TypeError(f"use_posenc_rope: the layers of {type(model).__name__} rotate in different layouts "
                             f"({', '.join(layouts)})")
         self.layout = layouts[0]
+        self.rotations = [plan[3] for plan in self._plans]
         self._apply()
 
     # ---------------------------------------------------------------------------------------- the tables
@@ -207,7 +210,8 @@ class PosencRope:
 
     # ---------------------------------------------------------------------------------------- patching
     def _plan(self, index: int, own: dict):
-        """``(attention forward, {name: rotation function}, table layout)`` for layer ``index``."""
+        """``(attention forward, {name: posenc's rotation}, table layout, {name: layout found})`` for layer
+        ``index``."""
         attention = self.attentions[index]
         cos, sin = own[self.layer_types[0]]
         forward, rotations = structure.rotations_of(attention, cos, sin)
@@ -216,7 +220,7 @@ class PosencRope:
             raise TypeError(f"use_posenc_rope: {type(attention).__name__} rotates with both the half and the "
                             f"interleaved layout ({', '.join(r.name for r in rotations)})")
         replacements = {r.name: self._rotation(index, r) for r in rotations}
-        return forward, replacements, layouts.pop()
+        return forward, replacements, layouts.pop(), {r.name: r.layout for r in rotations}
 
     def _rotation(self, index: int, rotation: structure.Rotation):
         """The function layer ``index`` calls instead of ``rotation.function``: same signature, returns
@@ -261,7 +265,7 @@ class PosencRope:
             return handle.cos_sin(position_ids, layer_type, dtype)
 
         self.rotary.forward = rotary_forward
-        for attention, (forward, replacements, _) in zip(self.attentions, self._plans):
+        for attention, (forward, replacements, *_) in zip(self.attentions, self._plans):
             structure.bind_forward(attention, forward, replacements)
         self.model._posenc_rope = self
         self.decoder._posenc_rope = self
