@@ -19,14 +19,20 @@ fastest.
 """
 from __future__ import annotations
 
-from typing import Iterable
+from collections.abc import Iterable
 
 import torch
 
 from . import _transformers_structure as structure
 from ._checks import check_inv_freq
 from .rope import apply_rope_qk, rope_cos_sin
-from .rope_types import ROPE_TYPES, check_rope_parameters, per_layer_types, rope_frequencies, rope_parameters_from_config
+from .rope_types import (
+    ROPE_TYPES,
+    check_rope_parameters,
+    per_layer_types,
+    rope_frequencies,
+    rope_parameters_from_config,
+)
 
 ROUNDINGS = ("float32", "model")
 
@@ -320,11 +326,19 @@ def use_posenc_rope(model, rope_parameters: dict | None = None, *, inv_freq: tor
             ``(R/2,)`` tensor.
         nope_layers: layer indices that get no rotation at all (SmolLM3's own NoPE layers stay NoPE).
         capture_layers: layer indices whose un-rotated q and k are kept in ``.captured`` (see PosencRope).
-        rounding: ``"float32"`` (default): the tables stay float32 and posenc rotates in float32, rounding once to
-            the model's dtype, so a bf16/fp16 model's logits move (slightly closer to a float64 run than the
-            model's own); ``"model"``: posenc's tables are cast to the model's dtype and the model's own
-            rotation function does the products and sums, so with nothing changed a bf16 model computes its own
-            logits bit for bit (checked on CPU). In float32 the two are identical.
+        rounding: ``"float32"`` (default): the tables stay float32 (from the config, in float32) and posenc rotates
+            in float32, rounding once to the model's dtype; ``"model"``: posenc's tables are rounded as the model
+            rounds its own (through the dtype of its ``inv_freq`` buffer, which ``model.to(torch.bfloat16)`` makes
+            bf16, then cast to the activations' dtype) and the model's own rotation function does the products
+            and sums, so with nothing changed a bf16 model computes its own logits bit for bit (tested on CPU;
+            GPU unverified). In float32 the two are identical.
+
+    bf16, measured on CPU against a float64 run: rotating ``q`` ``(1, 8, 1024, 64)`` at positions 0 to 1023
+    (theta 10,000), the float32 default's error is the bf16 rounding of the exact result (mean 1.1e-3, max
+    1.6e-2); transformers' bf16 products give mean 1.8e-3 (max 2.7e-2) with a float32 ``inv_freq``, and mean
+    2.7e-2 (max 1.65) after ``model.to(torch.bfloat16)`` rounded the frequencies. On the last-token logits of a
+    random 4-layer Llama (d 256, 1,024 tokens, 3 seeds) the other bf16 roundings dominate: mean error 2.12e-3
+    (default) against 2.13e-3 (the model's own), within the spread over seeds.
 
     Returns:
         The :class:`PosencRope` handle (``remove()``, ``captured``, context manager).

@@ -100,31 +100,27 @@ def test_unchanged_logits_are_bit_identical(family):
     assert getattr(model, "_posenc_rope", None) is None
 
 
-def test_generate_with_cache_and_left_padding(family):
-    name, model = family
-    x = ids(12)
-    mask = torch.ones_like(x)
-    x[0, :4], mask[0, :4] = 0, 0  # left padding
-    kwargs = dict(attention_mask=mask, max_new_tokens=6, do_sample=False, pad_token_id=0, use_cache=True,
-                  output_scores=True, return_dict_in_generate=True)
+def assert_same_generation(model, x, **kwargs):
+    """Greedy generate with and without the patch: the same tokens and the same scores at every step."""
+    kwargs = dict(kwargs, do_sample=False, pad_token_id=0, output_scores=True, return_dict_in_generate=True)
     own = model.generate(x, **kwargs)
     with posenc.use_posenc_rope(model):
         ours = model.generate(x, **kwargs)
     assert torch.equal(own.sequences, ours.sequences)
     assert all(torch.equal(a, b) for a, b in zip(own.scores, ours.scores))
+
+
+def test_generate_with_cache_and_left_padding(family):
+    _, model = family
+    x = ids(12)
+    mask = torch.ones_like(x)
+    x[0, :4], mask[0, :4] = 0, 0  # left padding
+    assert_same_generation(model, x, attention_mask=mask, max_new_tokens=6, use_cache=True)
 
 
 @pytest.mark.parametrize("name", ["llama", "cohere"])
 def test_generate_with_a_static_cache(make, name):
-    model = make(name)
-    x = ids(10)
-    kwargs = dict(max_new_tokens=5, do_sample=False, pad_token_id=0, cache_implementation="static",
-                  output_scores=True, return_dict_in_generate=True)
-    own = model.generate(x, **kwargs)
-    with posenc.use_posenc_rope(model):
-        ours = model.generate(x, **kwargs)
-    assert torch.equal(own.sequences, ours.sequences)
-    assert all(torch.equal(a, b) for a, b in zip(own.scores, ours.scores))
+    assert_same_generation(make(name), ids(10), max_new_tokens=5, cache_implementation="static")
 
 
 def test_llama4_complex_rotation_is_refused_with_the_reason(tiny_model):
@@ -136,14 +132,15 @@ def test_llama4_complex_rotation_is_refused_with_the_reason(tiny_model):
 
 
 def test_deepseek_v3_both_pair_orders(make):
-    for interleave, layout in ((True, "deinterleaved"), (False, "half")):
+    """Its attention calls one of two rotations (config.rope_interleave): both are found, each by its probe."""
+    for interleave in (True, False):
         model = make("deepseek_v3", rope_interleave=interleave)
         x = ids(16)
         own = logits(model, x)
         with posenc.use_posenc_rope(model) as patched:
             found = model._posenc_rope.rotations[0]
             assert found == {"apply_rotary_pos_emb": "half", "apply_rotary_pos_emb_interleave": "deinterleaved"}
-            assert torch.equal(logits(patched, x), own), layout
+            assert torch.equal(logits(patched, x), own)
 
 
 # ------------------------------------------------------------------------------------ support by structure
@@ -259,6 +256,27 @@ def test_model_rounding_reproduces_bf16_logits_bit_for_bit(make, name):
         rotated_in_float32 = logits(patched, x)
     assert torch.equal(exact, own)
     assert not torch.equal(rotated_in_float32, own)  # the control: the default rounds otherwise
+
+
+def test_float32_default_rotates_bf16_at_the_rounding_floor():
+    """The use_posenc_rope docstring's rotation numbers: posenc's bf16 rotation errs by the rounding of the exact
+    result; transformers' bf16 products with the table a bf16 model holds (frequencies rounded by .to(bf16)) err
+    far more."""
+    from transformers.models.llama.modeling_llama import apply_rotary_pos_emb
+
+    inv_freq = posenc.rope_frequencies(64, {"rope_type": "default", "rope_theta": 10000.0})[0]
+    positions = torch.arange(1024)[None]
+    q = torch.randn(1, 8, 1024, 64, generator=torch.Generator().manual_seed(0)).bfloat16()
+    angles = positions[..., None].double() * inv_freq.double()
+    exact = posenc.apply_rope(q.double(), angles.cos(), angles.sin())
+    floor = (exact.bfloat16().double() - exact).abs().mean()
+    cos, sin = posenc.rope_cos_sin(positions, inv_freq)
+    ours = (posenc.apply_rope(q, cos, sin).double() - exact).abs().mean()
+    half = positions[..., None].float() * inv_freq.bfloat16().float()
+    table = torch.cat((half, half), -1)
+    theirs = (apply_rotary_pos_emb(q, q, table.cos().bfloat16(), table.sin().bfloat16())[0].double() - exact)
+    assert ours <= floor * 1.001
+    assert theirs.abs().mean() > 10 * floor
 
 
 # ------------------------------------------------------------------------------------ torch.compile
