@@ -128,6 +128,8 @@ class PosencRope:
                             f"({', '.join(layouts)})")
         self.layout = layouts[0]
         self.rotations = [plan[3] for plan in self._plans]
+        if rope_parameters is None and inv_freq is None:
+            self._check_own_tables(own)
         self._apply()
 
     # ---------------------------------------------------------------------------------------- the tables
@@ -174,13 +176,14 @@ class PosencRope:
     def _masked(self, inv_freq: torch.Tensor) -> torch.Tensor:
         return inv_freq.masked_fill(self._unrotate.to(inv_freq.device), 0.0) if self._has_unrotate else inv_freq
 
-    def cos_sin(self, position_ids: torch.Tensor, layer_type=None, dtype=torch.float32):
+    def cos_sin(self, position_ids: torch.Tensor, layer_type=None, dtype=torch.float32, *, model_rounding=False):
         """The tables the patched rotary embedding returns, for ``position_ids`` ``(B, L)``.
 
         Args:
             position_ids: ``(B, L)`` integer positions (the model's own, padding and cache included).
             layer_type: the layer type for a model with a table per type (Gemma 3), else None.
             dtype: the tables' dtype (computed in float32, then cast).
+            model_rounding: round the frequencies as the model stores its own (as ``rounding="model"`` does).
 
         Returns:
             ``(cos, sin)``, each ``(B, L, R)`` with both members of every pair equal (duplicated as the model's
@@ -196,7 +199,7 @@ class PosencRope:
             seq_len = position_ids.max() + 1  # the length transformers uses, kept on the device
             inv_freq, factor = self._table(layer_type, seq_len)
             inv_freq = self._masked(inv_freq.to(position_ids.device))
-        if self.rounding == "model":  # the model stores its table in its buffer's dtype (bf16 after .to(bf16))
+        if self.rounding == "model" or model_rounding:  # the model stores its table in its buffer's dtype
             inv_freq = inv_freq.to(self._buffer_dtype(layer_type)).float()
         cos, sin = rope_cos_sin(position_ids, inv_freq, factor)  # (B, L, R/2) float32
         if self._keep is not None:
@@ -207,6 +210,18 @@ class PosencRope:
         else:
             cos, sin = torch.cat((cos, cos), -1), torch.cat((sin, sin), -1)
         return cos.to(dtype), sin.to(dtype)
+
+    def _check_own_tables(self, own: dict) -> None:
+        """The tables read from the config must be the model's own (rounded as the model rounds them): else the
+        patch would silently change the model."""
+        for layer_type, (own_cos, own_sin) in own.items():
+            positions = torch.arange(own_cos.shape[1], device=own_cos.device)[None]
+            cos, sin = self.cos_sin(positions, layer_type, model_rounding=True)
+            error = max((cos - own_cos).abs().max().item(), (sin - own_sin).abs().max().item())
+            if not error <= 1e-5:
+                raise ValueError(f"posenc's table read from the config of {type(self.model).__name__} differs from its "
+                                 f"rotary embedding's own by {error:.2e} (layer type {layer_type!r}); pass "
+                                 f"rope_parameters or inv_freq explicitly")
 
     def _buffer_dtype(self, layer_type) -> torch.dtype:
         """The dtype of the rotary embedding's own frequency buffer (``inv_freq``, or ``<layer_type>_inv_freq``)."""

@@ -448,6 +448,10 @@ def test_bad_input(make):
         posenc.use_posenc_rope(model, nope_layers=[2])
     with pytest.raises(ValueError, match="rope_type"):
         posenc.use_posenc_rope(model, {"rope_type": "nope"})
+    edited = make("llama")
+    edited.config.rope_parameters = {**edited.config.rope_parameters, "rope_theta": 500.0}  # not its rotary's
+    with pytest.raises(ValueError, match="differs from its rotary embedding's own"):
+        posenc.use_posenc_rope(edited)
     with posenc.use_posenc_rope(model):
         with pytest.raises(RuntimeError, match="already patched"):
             posenc.use_posenc_rope(model)
