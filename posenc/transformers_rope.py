@@ -176,14 +176,13 @@ class PosencRope:
     def _masked(self, inv_freq: torch.Tensor) -> torch.Tensor:
         return inv_freq.masked_fill(self._unrotate.to(inv_freq.device), 0.0) if self._has_unrotate else inv_freq
 
-    def cos_sin(self, position_ids: torch.Tensor, layer_type=None, dtype=torch.float32, *, model_rounding=False):
+    def cos_sin(self, position_ids: torch.Tensor, layer_type=None, dtype=torch.float32):
         """The tables the patched rotary embedding returns, for ``position_ids`` ``(B, L)``.
 
         Args:
             position_ids: ``(B, L)`` integer positions (the model's own, padding and cache included).
             layer_type: the layer type for a model with a table per type (Gemma 3), else None.
             dtype: the tables' dtype (computed in float32, then cast).
-            model_rounding: round the frequencies as the model stores its own (as ``rounding="model"`` does).
 
         Returns:
             ``(cos, sin)``, each ``(B, L, R)`` with both members of every pair equal (duplicated as the model's
@@ -199,24 +198,29 @@ class PosencRope:
             seq_len = position_ids.max() + 1  # the length transformers uses, kept on the device
             inv_freq, factor = self._table(layer_type, seq_len)
             inv_freq = self._masked(inv_freq.to(position_ids.device))
-        if self.rounding == "model" or model_rounding:  # the model stores its table in its buffer's dtype
+        if self.rounding == "model":  # the model stores its table in its buffer's dtype (bf16 after .to(bf16))
             inv_freq = inv_freq.to(self._buffer_dtype(layer_type)).float()
         cos, sin = rope_cos_sin(position_ids, inv_freq, factor)  # (B, L, R/2) float32
         if self._keep is not None:
             keep = self._keep.to(cos.device)
             cos, sin = cos * keep, sin * keep
-        if self.layout == "interleaved":
-            cos, sin = cos.repeat_interleave(2, dim=-1), sin.repeat_interleave(2, dim=-1)
-        else:
-            cos, sin = torch.cat((cos, cos), -1), torch.cat((sin, sin), -1)
+        cos, sin = self._full(cos), self._full(sin)
         return cos.to(dtype), sin.to(dtype)
+
+    def _full(self, table: torch.Tensor) -> torch.Tensor:
+        """A half table ``(..., R/2)`` as the model passes it, ``(..., R)``: each pair's value twice."""
+        if self.layout == "interleaved":
+            return table.repeat_interleave(2, dim=-1)
+        return torch.cat((table, table), -1)
 
     def _check_own_tables(self, own: dict) -> None:
         """The tables read from the config must be the model's own (rounded as the model rounds them): else the
         patch would silently change the model."""
         for layer_type, (own_cos, own_sin) in own.items():
             positions = torch.arange(own_cos.shape[1], device=own_cos.device)[None]
-            cos, sin = self.cos_sin(positions, layer_type, model_rounding=True)
+            inv_freq, factor = self._table(layer_type, positions.max() + 1)  # no pair edits
+            inv_freq = inv_freq.to(own_cos.device).to(self._buffer_dtype(layer_type)).float()
+            cos, sin = (self._full(t) for t in rope_cos_sin(positions, inv_freq, factor))
             error = max((cos - own_cos).abs().max().item(), (sin - own_sin).abs().max().item())
             if not error <= 1e-5:
                 raise ValueError(f"posenc's table read from the config of {type(self.model).__name__} differs from its "
