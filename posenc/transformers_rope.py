@@ -91,8 +91,10 @@ class PosencRope:
         self.pairs = pairs = self._table(self.layer_types[0], 1)[0].shape[0]
         own_pairs = own[self.layer_types[0]][0].shape[-1] // 2
         if pairs != own_pairs:
-            raise TypeError(f"the model's rotary embedding rotates {own_pairs} pairs per head, posenc's table from "
-                            f"its config has {pairs}")
+            given = "inv_freq" if inv_freq is not None else "rope_parameters" if rope_parameters is not None else None
+            message = (f"the model's rotary embedding rotates {own_pairs} pairs per head, "
+                       f"{given or 'the table read from its config'} gives {pairs}")
+            raise ValueError(message) if given else TypeError(message)
 
         unrotate = _pair_set("unrotate_pairs", unrotate_pairs, pairs)
         if rotate_pairs is not None:
@@ -121,7 +123,8 @@ class PosencRope:
                 table, factor = self._table(t, None)
                 self._static[t] = (self._masked(table.to(device)), factor)
 
-        self._plans = [self._plan(index, own) for index in range(n_layers)]
+        probed = {}  # attention class -> (forward, rotations): one probe per class, not per layer
+        self._plans = [self._plan(index, own, probed) for index in range(n_layers)]
         layouts = sorted({plan[2] for plan in self._plans})
         if len(layouts) > 1:
             raise TypeError(f"use_posenc_rope: the layers of {type(model).__name__} rotate in different layouts "
@@ -234,12 +237,13 @@ class PosencRope:
         return buffer.dtype if isinstance(buffer, torch.Tensor) and buffer.is_floating_point() else torch.float32
 
     # ---------------------------------------------------------------------------------------- patching
-    def _plan(self, index: int, own: dict):
+    def _plan(self, index: int, own: dict, probed: dict):
         """``(attention forward, {name: posenc's rotation}, table layout, {name: layout found})`` for layer
         ``index``."""
         attention = self.attentions[index]
-        cos, sin = own[self.layer_types[0]]
-        forward, rotations = structure.rotations_of(attention, cos, sin)
+        if type(attention) not in probed:
+            probed[type(attention)] = structure.rotations_of(attention, *own[self.layer_types[0]])
+        forward, rotations = probed[type(attention)]
         layouts = {"interleaved" if r.layout == "interleaved" else "half" for r in rotations}
         if len(layouts) > 1:
             raise TypeError(f"use_posenc_rope: {type(attention).__name__} rotates with both the half and the "

@@ -448,6 +448,8 @@ def test_bad_input(make):
         posenc.use_posenc_rope(model, nope_layers=[2])
     with pytest.raises(ValueError, match="rope_type"):
         posenc.use_posenc_rope(model, {"rope_type": "nope"})
+    with pytest.raises(ValueError, match="rotates 4 pairs per head, inv_freq gives 3"):
+        posenc.use_posenc_rope(model, inv_freq=torch.ones(3))
     edited = make("llama")
     edited.config.rope_parameters = {**edited.config.rope_parameters, "rope_theta": 500.0}  # not its rotary's
     with pytest.raises(ValueError, match="differs from its rotary embedding's own"):
