@@ -1,6 +1,4 @@
 """posenc.layer_patterns: hybrid RoPE/NoPE layers, Llama 4's attention temperature, layer patterns of real configs."""
-import copy
-
 import pytest
 import torch
 
@@ -20,13 +18,6 @@ def llama4_config(**changes):
     sizes = dict(COMMON, intermediate_size_mlp=64, head_dim=16, num_local_experts=2, attention_chunk_size=8,
                  floor_scale=4, attn_scale=0.5)
     return tf.Llama4TextConfig(**{**sizes, **changes})
-
-
-def make(config, seed=0):
-    torch.manual_seed(seed)
-    config = copy.deepcopy(config)
-    config._attn_implementation = "eager"
-    return tf.AutoModelForCausalLM.from_config(config).eval()
 
 
 def test_nope_every_fourth_layer_is_transformers_default_pattern():
@@ -117,14 +108,14 @@ def test_llama4_pattern_is_the_models_own():
     assert lp.layer_pattern(tf.Llama4Config(text_config=config.to_dict())) == pattern  # through the text config
 
 
-def test_smollm3_pattern_reproduces_the_model_through_use_posenc_rope():
+def test_smollm3_pattern_reproduces_the_model_through_use_posenc_rope(tiny_model):
     config = tf.SmolLM3Config(**COMMON)
     pattern = lp.layer_pattern(config)
     assert [spec.rotary for spec in pattern] == [True, True, True, False]
-    smol = make(config)
+    smol = tiny_model(config)
     assert [bool(layer.self_attn.use_rope) for layer in smol.model.layers] == [spec.rotary for spec in pattern]
     # a Llama with SmolLM3's weights, its NoPE layers taken from the pattern, computes SmolLM3's logits
-    llama = make(tf.LlamaConfig(**COMMON, rope_parameters=dict(pattern[0].rope_parameters)))
+    llama = tiny_model(tf.LlamaConfig(**COMMON, rope_parameters=dict(pattern[0].rope_parameters)))
     llama.load_state_dict(smol.state_dict())
     ids = torch.randint(3, 97, (2, 24), generator=torch.Generator().manual_seed(1))
     nope = [i for i, spec in enumerate(pattern) if not spec.rotary]
@@ -136,7 +127,7 @@ def test_smollm3_pattern_reproduces_the_model_through_use_posenc_rope():
     assert torch.equal(got, expected)
 
 
-def test_gemma3_pattern_has_a_table_per_layer_type():
+def test_gemma3_pattern_has_a_table_per_layer_type(tiny_model):
     config = tf.Gemma3TextConfig(**{**COMMON, "num_attention_heads": 4}, head_dim=8, sliding_window=8,
                                  layer_types=["sliding_attention"] * 3 + ["full_attention"],
                                  rope_parameters={"sliding_attention": {"rope_type": "default", "rope_theta": 1e4},
@@ -145,7 +136,7 @@ def test_gemma3_pattern_has_a_table_per_layer_type():
     pattern = lp.layer_pattern(config)
     assert all(spec.rotary for spec in pattern) and [spec.window for spec in pattern] == [8, 8, 8, None]
     assert pattern[0].rope_parameters["rope_theta"] == 1e4 and pattern[3].rope_parameters["factor"] == 8.0
-    model = make(config)
+    model = tiny_model(config)
     for spec in pattern:  # each layer's table is the one the model builds for its layer type
         inv_freq, _ = posenc.rope_frequencies(8, spec.rope_parameters, config.max_position_embeddings)
         assert torch.equal(inv_freq, getattr(model.model.rotary_emb, f"{spec.layer_type}_inv_freq"))
