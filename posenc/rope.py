@@ -162,12 +162,21 @@ _ENGINE = RotationEngine(_rotation_formula, _pairs)
 
 def _use_triton(x: torch.Tensor) -> bool:
     """CUDA inputs take the fused Triton kernel of :mod:`posenc._triton_rope` (imported only then), unless Triton is
-    missing or ``POSENC_KERNEL=formula``; decided from the device alone, so no value is read on the host."""
-    if x.device.type != "cuda":
+    missing or too old, the device cannot run ``x``'s dtype (bf16 before sm_80; decided once per device), or
+    ``POSENC_KERNEL=formula``; decided from the device and dtype alone, so no value is read on the host."""
+    if x.device.type == "cpu" and not _triton_on_cpu():
         return False
     from . import _triton_rope
 
     return _triton_rope.use_triton(x)
+
+
+def _triton_on_cpu() -> bool:
+    # only the tests run the kernel on CPU tensors (Triton's interpreter); they say so in _triton_rope.DEVICE_TYPES
+    import sys
+
+    module = sys.modules.get("posenc._triton_rope")
+    return module is not None and "cpu" in module.DEVICE_TYPES
 
 
 def _triton():
@@ -176,96 +185,242 @@ def _triton():
     return _triton_rope
 
 
-def _prepare(x, cos, sin, layout, seq_dim, name="x"):
-    check_layout(layout)
-    axis = _check_apply(x, cos, sin, seq_dim, name)
-    return _align_table(cos, x, axis), _align_table(sin, x, axis)
+#: Checked argument signatures -> sequence axis (eager calls only; shapes alone decide every check).
+_CHECKED: dict = {}
+_CHECKED_LIMIT = 4096
+
+
+def _checked_axis(x, cos, sin, seq_dim, name: str = "x") -> int:
+    """:func:`_check_apply`, remembered per shape signature in eager calls: the checks depend on the shapes,
+    ``seq_dim`` and the argument's name only, so a repeated call (every decode step) pays a dict lookup."""
+    require_real_floating(name, x)
+    require_tensor("cos", cos)
+    require_tensor("sin", sin)
+    if torch.compiler.is_compiling() or not (seq_dim is None or type(seq_dim) is int):
+        return _check_apply(x, cos, sin, seq_dim, name)
+    key = (x.shape, cos.shape, sin.shape, seq_dim, name)
+    axis = _CHECKED.get(key)
+    if axis is None:
+        axis = _check_apply(x, cos, sin, seq_dim, name)
+        if len(_CHECKED) >= _CHECKED_LIMIT:
+            _CHECKED.clear()
+        _CHECKED[key] = axis
+    return axis
+
+
+def _full_tables(cos, sin, layout):
+    """Half-size tables ``(..., R/2)`` widened to one entry per rotated feature ``(..., R)``: both members of a
+    pair get their pair's entry (``(c, c)`` for ``"half"``, each entry twice for ``"interleaved"``)."""
+    if layout == "half":
+        return torch.cat((cos, cos), -1), torch.cat((sin, sin), -1)
+    return torch.stack((cos, cos), -1).flatten(-2), torch.stack((sin, sin), -1).flatten(-2)
+
+
+def _route(q, k, cos, sin, layout: str, axis: int, compiled: bool, in_place: bool = False, full=None):
+    """The one place that picks how checked arguments are rotated: the Triton kernel (CUDA), ``torch.compile``
+    (``compiled=True``), the small-input pass with full-width tables (a decode step on the CPU) or the engine's
+    default (blocked kernel or formula). ``k`` is None for one tensor; ``full``: the tables already widened to
+    ``(..., R)`` (:func:`_full_tables`), aligned to ``q``, when the caller has them. Returns ``x_rot`` or
+    ``(q_rot, k_rot)``."""
+    if not compiled and _use_triton(q):
+        triton_rope = _triton()
+        if k is None and triton_rope.supports(q, cos, sin):
+            return (triton_rope.rope_ if in_place else triton_rope.rope)(q, cos, sin, layout, axis)
+        if k is not None and triton_rope.supports_qk(q, k, cos, sin):
+            return triton_rope.rope_qk(q, k, cos, sin, layout, axis)
+    cos, sin = _align_table(cos, q, axis), _align_table(sin, q, axis)
+    if in_place:
+        if not tables_fit(q, cos):
+            raise ValueError(f"cos/sin of shape {tuple(cos.shape)} do not broadcast to x of shape {tuple(q.shape)}; "
+                             "apply_rope_ cannot grow x in place")
+        if compiled and not torch.compiler.is_compiling():
+            return _ENGINE.compiled_in_place(q, cos, sin, layout)
+        return _ENGINE.rotate_in_place(q, cos, sin, layout)
+    if compiled and not torch.compiler.is_compiling():
+        rotate = _ENGINE.compiled
+    else:
+        if _ENGINE.small_fits(q, k, cos, sin):
+            if full is None:
+                full = _full_tables(cos, sin, layout)
+            else:
+                full = tuple(_align_table(t, q, axis) for t in full)
+            if k is None:
+                return _ENGINE.rotate_full(q, *full, layout)
+            return _ENGINE.rotate_full(q, *full, layout), _ENGINE.rotate_full(k, *full, layout)
+        rotate = _ENGINE.rotate_default
+    if k is None:
+        return rotate(q, cos, sin, layout)
+    if k.ndim != q.ndim:
+        return rotate(q, cos, sin, layout), rotate(k, _align_table(cos, k, axis), _align_table(sin, k, axis), layout)
+    return rotate(q, cos, sin, layout), rotate(k, cos, sin, layout)
 
 
 def apply_rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, layout: str = "half", *,
                seq_dim: int | None = None, compiled: bool = False) -> torch.Tensor:
     """Rotate each feature pair of ``x`` by its angle.
 
-    ``x``: ``(B, H, T, D)`` with ``seq_dim=-2`` (the default) or ``(B, T, H, D)`` with ``seq_dim=-3`` (any
-    number of leading axes); ``cos``, ``sin``: ``(T, R/2)`` or ``(B, T, R/2)`` with ``R <= D`` (the first ``R``
-    features rotate, the rest pass through). ``x`` must be real floating point (TypeError otherwise).
-    Returns a tensor shaped and typed like ``x``.
+    Args:
+        x: ``(B, H, T, D)`` with ``seq_dim=-2`` (the default) or ``(B, T, H, D)`` with ``seq_dim=-3`` (any number
+            of leading axes); real floating point (TypeError otherwise).
+        cos, sin: ``(T, R/2)`` or ``(B, T, R/2)`` with ``R <= D`` (the first ``R`` features rotate, the rest pass
+            through), usually float32 from :func:`rope_cos_sin`.
+        layout: ``"half"`` (pairs ``(i, i + R/2)``) or ``"interleaved"`` (pairs ``(2i, 2i + 1)``).
+        seq_dim: the sequence axis, -2 or -3.
+        compiled: run a ``torch.compile``-fused kernel (one pass over memory; its first call in a process compiles
+            for seconds, so it pays for large or repeated calls); it falls back to the eager kernel where compiling
+            is not possible.
+
+    Returns:
+        A tensor shaped and typed like ``x``.
 
     Left unset, ``seq_dim`` is -2, and a 4-D ``x`` whose axes -3 and -2 both have the tables' length ``T > 1`` is
     refused as ambiguous (ValueError); tables whose length matches another axis than the sequence axis are
-    refused with the ``seq_dim`` that would fit. ``compiled=True`` runs a ``torch.compile``-fused kernel (one
-    pass over memory; its first call in a process compiles for seconds, so it pays for large or repeated
-    calls); it falls back to the eager kernel where compiling is not possible.
+    refused with the ``seq_dim`` that would fit.
     """
-    if _use_triton(x) and not compiled and _triton().supports(x, cos, sin):
-        check_layout(layout)
-        return _triton().rope(x, cos, sin, layout, _check_apply(x, cos, sin, seq_dim))
-    cos, sin = _prepare(x, cos, sin, layout, seq_dim)
-    if compiled and not torch.compiler.is_compiling():
-        return _ENGINE.compiled(x, cos, sin, layout)
-    return _ENGINE.rotate_default(x, cos, sin, layout)
+    axis = _checked_axis(x, cos, sin, seq_dim)
+    check_layout(layout)
+    return _route(x, None, cos, sin, layout, axis, compiled)
 
 
 def apply_rope_qk(q: torch.Tensor, k: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, layout: str = "half", *,
                   seq_dim: int | None = None, compiled: bool = False) -> tuple[torch.Tensor, torch.Tensor]:
-    """:func:`apply_rope` of queries and keys with one set of tables, in one call: ``(q_rot, k_rot)``.
+    """:func:`apply_rope` of queries and keys with one set of tables, in one call (one kernel launch on CUDA).
 
-    ``q``: ``(B, H, T, D)``, ``k``: ``(B, H_kv, T, D)`` (or ``(B, T, H, D)`` and ``(B, T, H_kv, D)`` with
-    ``seq_dim=-3``); the tables are checked and aligned once.
+    Args:
+        q: ``(B, H, T, D)`` (or ``(B, T, H, D)`` with ``seq_dim=-3``).
+        k: ``(B, H_kv, T, D)`` (or ``(B, T, H_kv, D)``), any number of kv heads.
+        cos, sin: ``(T, R/2)`` or ``(B, T, R/2)``, as for :func:`apply_rope`; checked against both once.
+        layout, seq_dim, compiled: as for :func:`apply_rope`.
+
+    Returns:
+        ``(q_rot, k_rot)``, shaped and typed like ``q`` and ``k``.
     """
-    if (_use_triton(q) and not compiled and k.device == q.device and k.dtype == q.dtype and k.ndim == q.ndim
-            and _triton().supports(q, cos, sin)):
-        check_layout(layout)
-        axis = _check_apply(q, cos, sin, seq_dim, "q")
-        _check_apply(k, cos, sin, seq_dim, "k")
-        return _triton().rope_qk(q, k, cos, sin, layout, axis)
-    q_cos, q_sin = _prepare(q, cos, sin, layout, seq_dim, "q")
-    if k.ndim == q.ndim:
-        _check_apply(k, cos, sin, seq_dim, "k")
-        k_cos, k_sin = q_cos, q_sin
-    else:
-        k_cos, k_sin = _prepare(k, cos, sin, layout, seq_dim, "k")
-    if compiled and not torch.compiler.is_compiling():
-        return _ENGINE.compiled(q, q_cos, q_sin, layout), _ENGINE.compiled(k, k_cos, k_sin, layout)
-    return _ENGINE.rotate_default(q, q_cos, q_sin, layout), _ENGINE.rotate_default(k, k_cos, k_sin, layout)
+    axis = _checked_axis(q, cos, sin, seq_dim, "q")
+    if _checked_axis(k, cos, sin, seq_dim, "k") != axis:  # pragma: no cover - both come from the same seq_dim
+        raise ValueError("q and k must have the same sequence axis")
+    check_layout(layout)
+    return _route(q, k, cos, sin, layout, axis, compiled)
 
 
 def apply_rope_(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, layout: str = "half", *,
                 seq_dim: int | None = None, compiled: bool = False) -> torch.Tensor:
     """:func:`apply_rope` in place: overwrite ``x`` with its rotation and return ``x``.
 
-    ``cos`` and ``sin`` must broadcast to ``x`` (not the other way round). Autograd sees an in-place copy.
+    Args:
+        x, cos, sin, layout, seq_dim, compiled: as for :func:`apply_rope`; ``cos`` and ``sin`` must broadcast to
+            ``x`` (not the other way round).
+
+    Returns:
+        ``x`` itself, rotated. Autograd sees an in-place copy.
     """
-    if _use_triton(x) and not compiled and _triton().supports(x, cos, sin):
-        check_layout(layout)
-        return _triton().rope_(x, cos, sin, layout, _check_apply(x, cos, sin, seq_dim))
-    cos, sin = _prepare(x, cos, sin, layout, seq_dim)
-    if not tables_fit(x, cos):
-        raise ValueError(f"cos/sin of shape {tuple(cos.shape)} do not broadcast to x of shape {tuple(x.shape)}; "
-                         "apply_rope_ cannot grow x in place")
-    if compiled and not torch.compiler.is_compiling():
-        return _ENGINE.compiled_in_place(x, cos, sin, layout)
-    return _ENGINE.rotate_in_place(x, cos, sin, layout)
+    axis = _checked_axis(x, cos, sin, seq_dim)
+    check_layout(layout)
+    return _route(x, None, cos, sin, layout, axis, compiled, in_place=True)
+
+
+def _check_offset(offset, batch, name: str = "offset"):
+    """An int >= 0, or an integer tensor ``(B,)`` (one offset per sequence) whose ``B`` is ``batch`` or 1;
+    negative values are refused (on the CPU in eager calls for a tensor: elsewhere reading them would stall the
+    device). Returns the offset (an int, or a ``(B, 1)`` tensor that broadcasts against positions ``(T,)``)."""
+    if isinstance(offset, torch.Tensor):
+        if offset.dtype == torch.bool or offset.is_floating_point() or offset.is_complex():
+            raise TypeError(f"{name} must be an int or an integer tensor (B,), got dtype {offset.dtype}")
+        if offset.ndim == 0:
+            offset = offset.reshape(1)
+        if offset.ndim != 1 or (batch is not None and offset.shape[0] not in (1, batch)):
+            raise ValueError(f"{name} must be an int or a tensor of shape (B,) with one offset per sequence "
+                             f"(B = {batch}), got shape {tuple(offset.shape)}")
+        _refuse_negative(name, offset)
+        return offset[:, None]
+    offset = require_int(name, offset)
+    if offset < 0:
+        raise ValueError(f"{name} must be >= 0 (positions start at 0), got {offset}")
+    return offset
+
+
+def _refuse_negative(name: str, values: torch.Tensor) -> None:
+    """Positions are >= 0: a negative one is refused where its value can be read for free (the CPU, eager)."""
+    if (values.device.type == "cpu" and not torch.compiler.is_compiling() and values.numel()
+            and bool((values < 0).any())):
+        raise ValueError(f"{name} must be >= 0 (positions start at 0), got a minimum of {values.min().item()}")
+
+
+def _varlen_positions(cu_seqlens, total, offset, device):
+    """Positions ``(total,)`` of sequences packed along one axis: ``i - cu_seqlens[n]`` for the ``i``-th packed
+    token of sequence ``n`` (plus ``offset[n]``). Tensor operations only: no host sync, traceable."""
+    require_tensor("cu_seqlens", cu_seqlens)
+    if cu_seqlens.ndim != 1 or cu_seqlens.shape[0] < 2 or cu_seqlens.is_floating_point() or \
+            cu_seqlens.dtype == torch.bool or cu_seqlens.is_complex():
+        raise ValueError(f"cu_seqlens must be a 1-D integer tensor (N + 1,) of cumulative sequence lengths "
+                         f"starting at 0, got {cu_seqlens.dtype} {tuple(cu_seqlens.shape)}")
+    if cu_seqlens.device.type == "cpu" and not torch.compiler.is_compiling():
+        if int(cu_seqlens[0]) != 0 or int(cu_seqlens[-1]) != total or bool((cu_seqlens.diff() < 0).any()):
+            raise ValueError(f"cu_seqlens must start at 0, never decrease and end at the packed length {total}, "
+                             f"got {cu_seqlens.tolist()}")
+    cu_seqlens = cu_seqlens.to(device=device, dtype=torch.int64)
+    index = torch.arange(total, device=device)
+    sequence = torch.searchsorted(cu_seqlens[1:], index, right=True).clamp_(max=cu_seqlens.shape[0] - 2)
+    positions = index - cu_seqlens[sequence]
+    if isinstance(offset, torch.Tensor):
+        offset = _check_offset(offset, cu_seqlens.shape[0] - 1)[:, 0].to(device)
+        return positions + (offset[sequence] if offset.shape[0] > 1 else offset)
+    return positions + _check_offset(offset, None)
+
+
+def _default_positions(length, offset, device, batch):
+    """``offset + arange(length)``: ``(T,)`` for an int offset, ``(B, T)`` for one offset per sequence."""
+    offset = _check_offset(offset, batch)
+    if isinstance(offset, torch.Tensor):
+        return offset.to(device) + torch.arange(length, device=device)
+    return torch.arange(length, device=device) + offset
+
+
+def _batch_size(x, axis):
+    return x.shape[0] if x.ndim + axis >= 1 else None
 
 
 def rotate(x, positions=None, inv_freq=None, attention_factor: float = 1.0, layout: str = "half", offset=0, *,
-           seq_dim: int | None = None):
-    """RoPE in one call: ``x`` ``(..., T, D)`` (or ``(..., T, H, D)`` with ``seq_dim=-3``) rotated at
-    ``positions`` (``(T,)`` or ``(B, T)``; default ``offset + arange(T)``).
+           seq_dim: int | None = None, cu_seqlens=None):
+    """RoPE in one call: rotate ``x`` at ``positions``.
 
-    ``inv_freq`` defaults to the original RoPE frequencies (base 10000) for the whole head dimension.
+    Args:
+        x: ``(..., T, D)`` (or ``(..., T, H, D)`` with ``seq_dim=-3``), real floating point.
+        positions: ``(T,)`` or ``(B, T)``, any finite integer or real numbers (a rotation by a negative angle is
+            the inverse rotation; continuous time is allowed); default ``offset + arange(T)``.
+        inv_freq: ``(R/2,)``; default the original RoPE frequencies (base 10000) for the whole head dimension.
+        attention_factor: scale of the tables (YaRN's).
+        layout: ``"half"`` or ``"interleaved"``.
+        offset: an int >= 0 added to every position, or an integer tensor ``(B,)``: one offset per sequence
+            (each sequence of a batch at its own place in its cache).
+        seq_dim: the sequence axis, -2 or -3.
+        cu_seqlens: ``(N + 1,)`` integer, for ``N`` sequences packed along the sequence axis (flash-attn's varlen
+            form, e.g. ``x`` ``(total, H, D)`` with ``seq_dim=-3``): positions restart at 0 (plus ``offset[n]``)
+            where each sequence starts; equal to rotating each sequence alone. Not together with ``positions``.
+
+    Returns:
+        A tensor shaped and typed like ``x``.
+
+    A negative ``offset`` (a count of tokens already seen) is refused (ValueError); for a tensor this is checked
+    where its values can be read without a device sync (on the CPU, in eager calls). :class:`RotaryEmbedding`,
+    whose positions index tokens, refuses negative positions too.
     """
     require_real_floating("x", x)
     axis = -2 if seq_dim is None else check_seq_dim(seq_dim, x.ndim)
     if inv_freq is None:
         inv_freq, _ = rope_frequencies(x.shape[-1], device=x.device)
-    if positions is None:
-        positions = torch.arange(x.shape[axis], device=x.device) + offset
+    if cu_seqlens is not None:
+        if positions is not None:
+            raise ValueError("pass either positions or cu_seqlens, not both")
+        positions = _varlen_positions(cu_seqlens, x.shape[axis], offset, x.device)
+    elif positions is None:
+        positions = _default_positions(x.shape[axis], offset, x.device, _batch_size(x, axis))
     else:
         positions = as_positions("positions", positions, device=x.device)
         _check_positions(positions, x, axis)
+        offset = _check_offset(offset, _batch_size(x, axis))
         if not (isinstance(offset, int) and offset == 0):
-            positions = positions + offset
+            positions = positions + offset.to(positions.device) if isinstance(offset, torch.Tensor) else \
+                positions + offset
     cos, sin = rope_cos_sin(positions, inv_freq.to(x.device), attention_factor)
     return apply_rope(x, cos, sin, layout, seq_dim=seq_dim)
 
