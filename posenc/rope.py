@@ -30,13 +30,15 @@ transformers, rotary-embedding-torch and torchtune.
 """
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
 import torch
 
 from ._checks import (LAYOUTS, as_positions, check_head_dim, check_inv_freq, check_layout, check_seq_dim, require_int,
                       require_real_floating, require_tensor)
 from ._rope_kernels import RotationEngine, tables_fit
 from .encodings import PositionalEncoding
-from .rope_types import ROPE_TYPES, check_rope_parameters, rope_frequencies
+from .rope_types import DEFAULT_THETA, ROPE_TYPES, check_rope_parameters, rope_frequencies
 
 
 def _pair_slices(rotary_dim: int, layout: str) -> tuple[slice, slice]:
@@ -131,9 +133,12 @@ def _check_apply(x, cos, sin, seq_dim, name: str = "x") -> int:
 
 
 def _pairs(t: torch.Tensor, half: int, layout: str):
-    """The two members of every rotated pair, as views ``(..., R/2)`` of ``t``."""
-    first, second = _pair_slices(2 * half, layout)
-    return t[..., first], t[..., second]
+    """The two members of every rotated pair, as views ``(..., R/2)`` of ``t`` (one call each way: this runs
+    several times per decode step)."""
+    rotated = t if t.shape[-1] == 2 * half else t.narrow(-1, 0, 2 * half)
+    if layout == "half":
+        return rotated.chunk(2, -1)
+    return rotated.unflatten(-1, (half, 2)).unbind(-1)
 
 
 def _rotation_formula(x, cos, sin, layout):
@@ -164,19 +169,11 @@ def _use_triton(x: torch.Tensor) -> bool:
     """CUDA inputs take the fused Triton kernel of :mod:`posenc._triton_rope` (imported only then), unless Triton is
     missing or too old, the device cannot run ``x``'s dtype (bf16 before sm_80; decided once per device), or
     ``POSENC_KERNEL=formula``; decided from the device and dtype alone, so no value is read on the host."""
-    if x.device.type == "cpu" and not _triton_on_cpu():
+    if not x.is_cuda:
         return False
     from . import _triton_rope
 
     return _triton_rope.use_triton(x)
-
-
-def _triton_on_cpu() -> bool:
-    # only the tests run the kernel on CPU tensors (Triton's interpreter); they say so in _triton_rope.DEVICE_TYPES
-    import sys
-
-    module = sys.modules.get("posenc._triton_rope")
-    return module is not None and "cpu" in module.DEVICE_TYPES
 
 
 def _triton():
@@ -216,18 +213,34 @@ def _full_tables(cos, sin, layout):
     return torch.stack((cos, cos), -1).flatten(-2), torch.stack((sin, sin), -1).flatten(-2)
 
 
+def _half_tables(cos_full, sin_full, layout):
+    """The half-size tables ``(..., R/2)`` inside full-width ones (views): the first member of every pair."""
+    half = cos_full.shape[-1] // 2
+    if layout == "half":
+        return cos_full[..., :half], sin_full[..., :half]
+    return cos_full[..., ::2], sin_full[..., ::2]
+
+
 def _route(q, k, cos, sin, layout: str, axis: int, compiled: bool, in_place: bool = False, full=None):
     """The one place that picks how checked arguments are rotated: the Triton kernel (CUDA), ``torch.compile``
     (``compiled=True``), the small-input pass with full-width tables (a decode step on the CPU) or the engine's
     default (blocked kernel or formula). ``k`` is None for one tensor; ``full``: the tables already widened to
-    ``(..., R)`` (:func:`_full_tables`), aligned to ``q``, when the caller has them. Returns ``x_rot`` or
-    ``(q_rot, k_rot)``."""
+    ``(..., R)`` (:func:`_full_tables`), not yet aligned, when the caller has them (then ``cos`` and ``sin`` may be
+    None). Returns ``x_rot`` or ``(q_rot, k_rot)``."""
     if not compiled and _use_triton(q):
         triton_rope = _triton()
         if k is None and triton_rope.supports(q, cos, sin):
             return (triton_rope.rope_ if in_place else triton_rope.rope)(q, cos, sin, layout, axis)
         if k is not None and triton_rope.supports_qk(q, k, cos, sin):
             return triton_rope.rope_qk(q, k, cos, sin, layout, axis)
+    if full is not None and not compiled:
+        cos_full, sin_full = _align_table(full[0], q, axis), _align_table(full[1], q, axis)
+        if _ENGINE.small_fits(q, k, cos_full, sin_full):
+            if k is None:
+                return _ENGINE.rotate_full(q, cos_full, sin_full, layout)
+            return _ENGINE.rotate_full(q, cos_full, sin_full, layout), _ENGINE.rotate_full(k, cos_full, sin_full, layout)
+    if cos is None:
+        cos, sin = _half_tables(*full, layout)
     cos, sin = _align_table(cos, q, axis), _align_table(sin, q, axis)
     if in_place:
         if not tables_fit(q, cos):
@@ -240,10 +253,7 @@ def _route(q, k, cos, sin, layout: str, axis: int, compiled: bool, in_place: boo
         rotate = _ENGINE.compiled
     else:
         if _ENGINE.small_fits(q, k, cos, sin):
-            if full is None:
-                full = _full_tables(cos, sin, layout)
-            else:
-                full = tuple(_align_table(t, q, axis) for t in full)
+            full = _full_tables(cos, sin, layout)
             if k is None:
                 return _ENGINE.rotate_full(q, *full, layout)
             return _ENGINE.rotate_full(q, *full, layout), _ENGINE.rotate_full(k, *full, layout)
@@ -332,6 +342,8 @@ def _check_offset(offset, batch, name: str = "offset"):
                              f"(B = {batch}), got shape {tuple(offset.shape)}")
         _refuse_negative(name, offset)
         return offset[:, None]
+    if isinstance(offset, torch.SymInt):  # a traced length (torch.compile with dynamic shapes)
+        return offset
     offset = require_int(name, offset)
     if offset < 0:
         raise ValueError(f"{name} must be >= 0 (positions start at 0), got {offset}")
@@ -512,6 +524,7 @@ class RotaryEmbedding(PositionalEncoding):
 
     kind = "qk"
     _fixed_dtype_buffers = ("inv_freq",)
+    inv_freq: torch.Tensor  # (R/2,) float32, a non-persistent buffer
 
     def __init__(self, head_dim: int, rope_parameters: dict | None = None, max_position_embeddings: int = 2048,
                  layout: str = "half", compiled: bool = False, seq_dim: int | None = None):
@@ -525,26 +538,48 @@ class RotaryEmbedding(PositionalEncoding):
         self.head_dim, self.layout, self.compiled, self.seq_dim = head_dim, check_layout(layout), compiled, seq_dim
         self.rope_parameters = check_rope_parameters(rope_parameters)  # legacy "type" becomes "rope_type"
         self.max_position_embeddings = max_position_embeddings
-        self._uses_seq_len = ROPE_TYPES[self.rope_parameters["rope_type"]].uses_seq_len
+        self._rope_type = ROPE_TYPES[self.rope_parameters["rope_type"]]
+        self._uses_seq_len = self._rope_type.uses_seq_len
         inv_freq, self.attention_factor = rope_frequencies(head_dim, self.rope_parameters, max_position_embeddings)
         self.register_buffer("inv_freq", inv_freq, persistent=False)
-        self._table_cache = None  # (key, cos (N, R/2), sin (N, R/2)) for the static rope types
+        # (key, cos (N, R/2), sin (N, R/2), full (N, 2, R)) for the static rope types: cos and sin are views of
+        # full, which holds each row widened to one entry per feature (see _full_tables)
+        self._table_cache = None
+        self._checked: dict = {}  # (q.shape, k.shape, seq_dim) -> sequence axis, for eager calls
+
+    if TYPE_CHECKING:  # what a type checker sees of module(q, k, ...): nn.Module's __call__ returns Any
+        def __call__(self, q: torch.Tensor, k: torch.Tensor, positions=None, offset=0, *, seq_dim: int | None = None,
+                     cu_seqlens=None) -> tuple[torch.Tensor, torch.Tensor]: ...
 
     def _frequencies_for(self, positions: torch.Tensor, seq_len=None):
-        # dynamic NTK and LongRoPE pick their table from the length actually reached
+        # dynamic NTK and LongRoPE pick their table from the length actually reached; rope_parameters were checked
+        # once in __init__, so the rope type's function is called directly
         if self._uses_seq_len:
             if torch.compiler.is_compiling() or not isinstance(seq_len, int):
                 # none declared (or a traced length): the longest position, as a tensor on the device
                 top = positions.max()
                 seq_len = (top.floor() if top.is_floating_point() else top).to(torch.int64) + 1
-            return rope_frequencies(self.head_dim, self.rope_parameters, self.max_position_embeddings,
-                                    seq_len=seq_len, device=self.inv_freq.device)
+            parameters = self.rope_parameters
+            if "rope_theta" not in parameters:
+                parameters = {**parameters, "rope_theta": DEFAULT_THETA}
+            return self._rope_type.function(self.head_dim, parameters, self.max_position_embeddings, seq_len,
+                                            self.inv_freq.device)
         return self.inv_freq, self.attention_factor
 
     def cos_sin(self, positions, seq_len=None):
-        """Tables ``(cos, sin)``, each ``(*P, T, R/2)`` float32, for ``positions`` ``(*P, T)``; ``seq_len`` (an int
-        or a 0-d integer tensor; default ``max(positions) + 1``) picks the dynamic NTK and LongRoPE tables."""
-        return self._cos_sin(as_positions("positions", positions, device=self.inv_freq.device), seq_len)
+        """Tables for ``positions``.
+
+        Args:
+            positions: ``(*P, T)``, integer or real, >= 0.
+            seq_len: an int or a 0-d integer tensor; default ``max(positions) + 1``; picks the dynamic NTK and
+                LongRoPE tables.
+
+        Returns:
+            ``(cos, sin)``, each ``(*P, T, R/2)`` float32.
+        """
+        positions = as_positions("positions", positions, device=self.inv_freq.device)
+        _refuse_negative("positions", positions)
+        return self._cos_sin(positions, seq_len)
 
     def _cos_sin(self, positions, seq_len=None):
         # positions already checked: rope_cos_sin's arithmetic without its checks (a decode step pays them per call)
@@ -554,59 +589,59 @@ class RotaryEmbedding(PositionalEncoding):
             return angles.cos(), angles.sin()
         return angles.cos() * attention_factor, angles.sin() * attention_factor
 
-    def _cached_cos_sin(self, offset: int, length: int):
-        """Rows ``offset .. offset + length - 1`` of the cached tables (views): no host sync."""
+    def _cache(self, end: int):
+        """The table cache, grown to hold rows ``0 .. end - 1`` and rebuilt when ``inv_freq`` changes."""
         inv_freq = self.inv_freq
         key = (inv_freq.device, inv_freq.dtype, inv_freq.data_ptr(), inv_freq._version, self.attention_factor)
-        end = offset + length
         cache = self._table_cache
         if cache is None or cache[0] != key or cache[1].shape[0] < end:
             size = 1 << max(6, (end - 1).bit_length())  # a power of two >= 64: growth is amortised
             cos, sin = rope_cos_sin(torch.arange(size, device=inv_freq.device), inv_freq, self.attention_factor)
-            cache = self._table_cache = (key, cos, sin)
-        return cache[1][offset:end], cache[2][offset:end]
+            full = torch.stack(_full_tables(cos, sin, self.layout), dim=1)  # (N, 2, R)
+            half = cos.shape[-1]
+            first = slice(0, half) if self.layout == "half" else slice(0, 2 * half, 2)
+            cache = self._table_cache = (key, full[:, 0, first], full[:, 1, first], full)
+        return cache
 
-    def _tables(self, x, axis, positions, offset):
-        """``(cos, sin)`` for ``x`` with sequence axis ``axis``."""
-        length = x.shape[axis]
-        if positions is None:
-            static_offset = isinstance(offset, int) and isinstance(length, int) and offset >= 0
-            if static_offset and not self._uses_seq_len and not torch.compiler.is_compiling() and \
-                    x.device == self.inv_freq.device:
-                return self._cached_cos_sin(offset, length)
-            positions = torch.arange(length, device=self.inv_freq.device) + offset
-            return self._cos_sin(positions, offset + length if isinstance(offset, int) else None)
-        positions = as_positions("positions", positions, device=self.inv_freq.device)
-        _check_positions(positions, x, axis, x_name="q")
-        if not (isinstance(offset, int) and offset == 0):
-            positions = positions + offset
-        start = self._cached_run(positions, x)
-        if start is not None:
-            return self._cached_cos_sin(start, length)
-        return self._cos_sin(positions)
+    def _cached_cos_sin(self, offset: int, length: int):
+        """Rows ``offset .. offset + length - 1`` of the cached tables (views): no host sync."""
+        cache = self._cache(offset + length)
+        return cache[1][offset:offset + length], cache[2][offset:offset + length]
 
-    def _cached_run(self, positions, x):
-        """``p0`` when every row of integer ``positions`` is ``p0, p0 + 1, ...`` (a decode step, a batch without
-        padding), so that the cache's rows serve; otherwise None. Only on the CPU in eager calls, where reading the
-        values costs no device sync, and only within :data:`CACHE_LIMIT` positions."""
-        if (self._uses_seq_len or positions.device.type != "cpu" or x.device != positions.device
-                or positions.is_floating_point() or torch.compiler.is_compiling() or positions.numel() == 0):
-            return None
-        rows = positions.reshape(-1, positions.shape[-1])
-        start, length = int(rows[0, 0]), rows.shape[-1]
-        if start < 0 or start + length > max(CACHE_LIMIT, self.max_position_embeddings):
-            return None
-        run = rows == start if length == 1 else rows == torch.arange(start, start + length)
-        return start if bool(run.all()) else None
+    def _gathered(self, positions):
+        """``(None, None, (cos_full, sin_full))``: the full-width tables ``(*P, T, R)`` of integer CPU ``positions``
+        ``(*P, T)`` read from the cache by index (one gather for both), or None where the cache does not serve them (a position past it or
+        negative: the caller then checks and computes). Eager CPU calls only: an index out of range is an error
+        there, not a device fault."""
+        limit = max(CACHE_LIMIT, self.max_position_embeddings)
+        cache = self._table_cache
+        if cache is None:
+            cache = self._cache(64)
+        try:
+            rows = cache[3].index_select(0, positions.reshape(-1))
+        except IndexError:
+            if bool((positions < 0).any()):
+                return None
+            top = int(positions.max())
+            if top >= limit:
+                return None
+            rows = self._cache(top + 1)[3].index_select(0, positions.reshape(-1))
+        return None, None, rows.view(*positions.shape, 2, rows.shape[-1]).unbind(-2)
 
-    def forward(self, q: torch.Tensor, k: torch.Tensor, positions=None, offset: int = 0, *,
-                seq_dim: int | None = None):
+    def _check_qk(self, q, k, seq_dim) -> int:
+        """Check ``q`` and ``k`` (dtypes, head dimension, sequence axis and lengths); return the sequence axis.
+        Remembered per shape signature in eager calls."""
         require_real_floating("q", q)
         require_real_floating("k", k)
+        seq_dim = self.seq_dim if seq_dim is None else seq_dim
+        eager = not torch.compiler.is_compiling() and (seq_dim is None or type(seq_dim) is int)
+        key = (q.shape, k.shape, seq_dim) if eager else None
+        axis = self._checked.get(key) if eager else None
+        if axis is not None:
+            return axis
         for name, t in (("q", q), ("k", k)):
             if t.shape[-1] != self.head_dim:
                 raise ValueError(f"{name} must have head dimension {self.head_dim} (last axis), got {t.shape[-1]}")
-        seq_dim = self.seq_dim if seq_dim is None else seq_dim
         axis = -2 if seq_dim is None else check_seq_dim(seq_dim, q.ndim, "seq_dim")
         if k.ndim == q.ndim and k.shape[axis] != q.shape[axis]:
             message = (f"q {tuple(q.shape)} and k {tuple(k.shape)} must have the same length on the sequence axis "
@@ -615,8 +650,77 @@ class RotaryEmbedding(PositionalEncoding):
             if q.ndim >= 3 and k.shape[other] == q.shape[other]:
                 message += f"; they agree on axis {other}: if that is the sequence axis, pass seq_dim={other}"
             raise ValueError(message)
-        cos, sin = self._tables(q, axis, positions, offset)
-        return apply_rope_qk(q, k, cos, sin, self.layout, seq_dim=seq_dim, compiled=self.compiled)
+        if eager:
+            if len(self._checked) >= 256:
+                self._checked.clear()
+            self._checked[key] = axis
+        return axis
+
+    def _tables(self, x, axis, positions, offset, cu_seqlens=None):
+        """``(cos, sin, full)`` for ``x`` with sequence axis ``axis``: the half-size tables, or None and the
+        full-width tables ``(cos_full, sin_full)`` where the cache served them by index (else ``full`` is None)."""
+        length = x.shape[axis]
+        if cu_seqlens is not None:
+            if positions is not None:
+                raise ValueError("pass either positions or cu_seqlens, not both")
+            positions = _varlen_positions(cu_seqlens, length, offset, self.inv_freq.device)
+            return (*self._cos_sin(positions), None)
+        if positions is None:
+            if not isinstance(offset, torch.Tensor):
+                offset = _check_offset(offset, None)
+                static = isinstance(length, int) and not self._uses_seq_len and not torch.compiler.is_compiling()
+                if static and x.device == self.inv_freq.device:
+                    return (*self._cached_cos_sin(offset, length), None)
+                positions = torch.arange(length, device=self.inv_freq.device) + offset
+                return (*self._cos_sin(positions, offset + length if isinstance(offset, int) else None), None)
+            positions = _default_positions(length, offset, self.inv_freq.device, _batch_size(x, axis))
+        else:
+            positions = as_positions("positions", positions, device=self.inv_freq.device)
+            _check_positions(positions, x, axis, x_name="q")
+            offset = _check_offset(offset, _batch_size(x, axis))
+            if isinstance(offset, torch.Tensor):
+                positions = positions + offset.to(positions.device)
+            elif offset:
+                positions = positions + offset
+        if self._serves_by_index(positions, x):
+            gathered = self._gathered(positions)
+            if gathered is not None:
+                return gathered
+        _refuse_negative("positions", positions)
+        return (*self._cos_sin(positions), None)
+
+    def _serves_by_index(self, positions, x) -> bool:
+        """Whether integer ``positions`` may be read from the cache by index: static rope types, on the CPU in
+        eager calls (where reading the values costs no device sync and a bad index is an error, not a fault)."""
+        return not (self._uses_seq_len or positions.device.type != "cpu" or x.device != positions.device
+                    or positions.is_floating_point() or torch.compiler.is_compiling() or positions.numel() == 0)
+
+    def forward(self, q: torch.Tensor, k: torch.Tensor, positions=None, offset=0, *,
+                seq_dim: int | None = None, cu_seqlens=None) -> tuple[torch.Tensor, torch.Tensor]:
+        """Rotate queries and keys at their positions.
+
+        Args:
+            q: ``(B, H, T, D)``, or ``(B, T, H, D)`` with ``seq_dim=-3``; real floating point, ``D = head_dim``.
+            k: ``(B, H_kv, T, D)`` or ``(B, T, H_kv, D)``, any number of kv heads.
+            positions: ``(T,)`` or ``(B, T)`` (transformers' ``position_ids``), integer or real, >= 0; default
+                ``offset + arange(T)``.
+            offset: an int >= 0 (the number of tokens already in a KV cache), or an integer tensor ``(B,)``: one
+                offset per sequence (batched decoding with sequences at different lengths); added to
+                ``positions`` when those are given.
+            seq_dim: the sequence axis, -2 or -3 (default: the constructor's, else -2).
+            cu_seqlens: ``(N + 1,)`` integer: ``N`` sequences packed along the sequence axis (flash-attn's varlen
+                form, ``q`` ``(total, H, D)`` with ``seq_dim=-3``); positions restart at 0 (plus ``offset[n]``)
+                at each start, equal to rotating each sequence alone. Not together with ``positions``.
+
+        Returns:
+            ``(q_rot, k_rot)``, shaped and typed like ``q`` and ``k``.
+
+        Negative positions or offsets are refused (ValueError) where their values can be read without a device
+        sync (ints always; tensors on the CPU in eager calls).
+        """
+        axis = self._check_qk(q, k, seq_dim)
+        cos, sin, full = self._tables(q, axis, positions, offset, cu_seqlens)
+        return _route(q, k, cos, sin, self.layout, axis, self.compiled, full=full)
 
     def encode_qk(self, q, k, q_positions, k_positions):
         q_cos, q_sin = self.cos_sin(q_positions)
