@@ -720,6 +720,12 @@ class RotaryEmbedding(PositionalEncoding):
         """
         axis = self._check_qk(q, k, seq_dim)
         cos, sin, full = self._tables(q, axis, positions, offset, cu_seqlens)
+        if cos is None:
+            cos, sin = _half_tables(*full, self.layout)
+        # the tables against q (and k): an ambiguous unset seq_dim, batch axes; remembered per shape signature
+        _checked_axis(q, cos, sin, axis if seq_dim is None and self.seq_dim is not None else seq_dim, "q")
+        if k.ndim != q.ndim:
+            _checked_axis(k, cos, sin, axis if seq_dim is None and self.seq_dim is not None else seq_dim, "k")
         return _route(q, k, cos, sin, self.layout, axis, self.compiled, full=full)
 
     def encode_qk(self, q, k, q_positions, k_positions):

@@ -201,10 +201,10 @@ OVERFLOW_SCRIPT = textwrap.dedent("""
 
     S = 2 ** 30            # every stride fits in 32 bits; b * S and the sums of offsets pass 2**31
     T, D, HALF = 3, 8, 4
-    base = torch.empty(2 * S + 64 * T * D, dtype=torch.float32)   # virtual memory: only a few pages are touched
+    base = torch.empty(2 * S + S // 2, dtype=torch.float32)   # virtual memory: only a few pages are touched
     def view(shape, strides, offset):
         return base.as_strided(shape, strides, offset)
-    q = view((3, 2, T, D), (S, S // 2 + 7 * T * D, D, 1), 0)           # b * S + h * (S/2 + ...) > 2**31
+    q = view((3, 2, T, D), (S, S // 4 + 7 * T * D, D, 1), 0)           # b * S + h * (S/4 + ...) >= 2**31
     k = view((3, 1, T, D), (S, T * D, D, 1), 2 * T * D)
     cos = view((3, T, HALF), (S, HALF, 1), 4 * T * D)                  # batched tables, batch stride S
     sin = view((3, T, HALF), (S, HALF, 1), 5 * T * D)
