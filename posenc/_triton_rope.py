@@ -22,7 +22,6 @@ same kernel on CPU tensors, which is how the tests check it without a GPU.
 """
 from __future__ import annotations
 
-import functools
 import os
 
 import torch
@@ -54,21 +53,42 @@ def _triton_version() -> tuple[int, ...]:
     return tuple(numbers)
 
 
+#: Compute capability per CUDA device index, read once (all devices when this module is first imported, so that a
+#: call traced by ``torch.compile`` only reads this dict).
+_CAPABILITIES: dict = {}
+if AVAILABLE and torch.cuda.is_available():
+    for _index in range(torch.cuda.device_count()):
+        _CAPABILITIES[_index] = torch.cuda.get_device_capability(_index)
+
+
 def _capability(device: torch.device) -> tuple[int, int]:
     """The device's compute capability; a device that is not CUDA (the interpreter's CPU) counts as capable."""
     if device.type != "cuda":
         return (99, 0)
-    return torch.cuda.get_device_capability(device)
+    index = torch.cuda.current_device() if device.index is None else device.index
+    if index not in _CAPABILITIES:
+        _CAPABILITIES[index] = torch.cuda.get_device_capability(index)
+    return _CAPABILITIES[index]
 
 
-@functools.lru_cache(maxsize=None)
+#: (device type, index, dtype) -> whether the kernel runs there: the decision, made once per device and dtype.
+_CAPABLE: dict = {}
+
+
 def capable(device_type: str, device_index: int | None, dtype: torch.dtype) -> bool:
     """Whether the kernel runs ``dtype`` on this device: Triton new enough and the compute capability it needs
-    (bfloat16 before sm_80, e.g. a T4, takes the formula instead). Decided once per device and dtype."""
-    if not AVAILABLE or _triton_version() < MIN_TRITON:
-        return False
-    device = torch.device(device_type, device_index)
-    return _capability(device) >= MIN_CAPABILITY.get(dtype, DEFAULT_MIN_CAPABILITY)
+    (bfloat16 before sm_80, e.g. a T4, takes the formula instead). Decided once per device and dtype (a plain
+    dict, which ``torch.compile`` reads without a graph break)."""
+    key = (device_type, device_index, dtype)
+    decision = _CAPABLE.get(key)
+    if decision is None:
+        if not AVAILABLE or _triton_version() < MIN_TRITON:
+            decision = False
+        else:
+            device = torch.device(device_type, device_index)
+            decision = _capability(device) >= MIN_CAPABILITY.get(dtype, DEFAULT_MIN_CAPABILITY)
+        _CAPABLE[key] = decision
+    return decision
 
 
 def use_triton(x: torch.Tensor) -> bool:

@@ -179,17 +179,17 @@ def test_a_device_without_what_the_kernel_needs_takes_the_formula(monkeypatch):
     formula = (_rotation_formula(q, cos, sin, "half"), _rotation_formula(k, cos, sin, "half"))
     for capability, kernel in (((7, 5), False), ((8, 0), True)):
         monkeypatch.setattr(tr, "_capability", lambda device, c=capability: c)
-        tr.capable.cache_clear()
+        tr._CAPABLE.clear()
         launches.clear()
         q_rot, k_rot = posenc.apply_rope_qk(q, k, cos, sin)
         assert bool(launches) == kernel
         if not kernel:  # a T4: the formula, bit for bit
             assert torch.equal(q_rot, formula[0]) and torch.equal(k_rot, formula[1])
-        assert tr.capable.cache_info().currsize == 1  # decided once for this device and dtype
+        assert len(tr._CAPABLE) == 1  # decided once for this device and dtype
     monkeypatch.setattr(tr, "_triton_version", lambda: (2, 3))
-    tr.capable.cache_clear()
+    tr._CAPABLE.clear()
     assert not tr.use_triton(q.float())
-    tr.capable.cache_clear()
+    tr._CAPABLE.clear()
 
 
 # ------------------------------------------------------------------------------------------ 64-bit offsets
