@@ -328,7 +328,7 @@ def apply_rope_(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, layout: s
     return _route(x, None, cos, sin, layout, axis, compiled, in_place=True)
 
 
-def _check_offset(offset, batch, name: str = "offset"):
+def _check_offset(offset, batch, name: str = "offset", check_sign: bool = True):
     """An int >= 0, or an integer tensor ``(B,)`` (one offset per sequence) whose ``B`` is ``batch`` or 1;
     negative values are refused (on the CPU in eager calls for a tensor: elsewhere reading them would stall the
     device). Returns the offset (an int, or a ``(B, 1)`` tensor that broadcasts against positions ``(T,)``)."""
@@ -340,7 +340,8 @@ def _check_offset(offset, batch, name: str = "offset"):
         if offset.ndim != 1 or (batch is not None and offset.shape[0] not in (1, batch)):
             raise ValueError(f"{name} must be an int or a tensor of shape (B,) with one offset per sequence "
                              f"(B = {batch}), got shape {tuple(offset.shape)}")
-        _refuse_negative(name, offset)
+        if check_sign:
+            _refuse_negative(name, offset)
         return offset[:, None]
     if isinstance(offset, torch.SymInt):  # a traced length (torch.compile with dynamic shapes)
         return offset
@@ -673,7 +674,10 @@ class RotaryEmbedding(PositionalEncoding):
                     return (*self._cached_cos_sin(offset, length), None)
                 positions = torch.arange(length, device=self.inv_freq.device) + offset
                 return (*self._cos_sin(positions, offset + length if isinstance(offset, int) else None), None)
-            positions = _default_positions(length, offset, self.inv_freq.device, _batch_size(x, axis))
+            # the sign is checked below, on the positions (a gather refuses them for free)
+            offset = _check_offset(offset, _batch_size(x, axis), check_sign=False).to(self.inv_freq.device)
+            positions = offset if length == 1 else offset + torch.arange(length, device=offset.device)
+            sign_name = "offset"
         else:
             positions = as_positions("positions", positions, device=self.inv_freq.device)
             _check_positions(positions, x, axis, x_name="q")
@@ -682,11 +686,12 @@ class RotaryEmbedding(PositionalEncoding):
                 positions = positions + offset.to(positions.device)
             elif offset:
                 positions = positions + offset
+            sign_name = "positions"
         if self._serves_by_index(positions, x):
             gathered = self._gathered(positions)
             if gathered is not None:
                 return gathered
-        _refuse_negative("positions", positions)
+        _refuse_negative(sign_name, positions)
         return (*self._cos_sin(positions), None)
 
     def _serves_by_index(self, positions, x) -> bool:
