@@ -17,8 +17,11 @@ Angles, cos and sin are always float32, whatever the dtype of ``x``; the rotatio
 is carried out in float32 and rounded once at the end.
 
 GPU. On CUDA the rotation is one fused Triton kernel (:mod:`posenc._triton_rope`: q and k in one launch, float32
-math, strides not copies, a ``torch.library`` custom op that ``torch.compile`` and ``torch.export`` keep as one
-node), whenever Triton imports and ``POSENC_KERNEL`` is not ``formula``; tables that need a gradient take the formula.
+math without fused multiply-adds, so equal to the formula bit for bit, 64-bit offsets, strides not copies, a
+``torch.library`` custom op that ``torch.compile`` and ``torch.export`` keep as one node), whenever Triton imports
+and is recent enough, the device runs the dtype (bf16 needs sm_80: a T4 takes the formula; decided once per device)
+and ``POSENC_KERNEL`` is not ``formula``; tables that need a gradient take the formula. One dispatcher
+(:func:`_route`) picks the path after one check of the arguments (remembered per shape signature in eager calls).
 
 Speed (CPU). The rotation is written once, as the formula :func:`_rotation_formula` (bit for bit transformers'
 ``q * cos + rotate_half(q) * sin``). On a large input :func:`apply_rope` computes that same formula with the
@@ -509,18 +512,20 @@ class RotaryEmbedding(PositionalEncoding):
 
     Tables. For the rope types whose table does not depend on the length, the tables of the default positions
     ``offset + arange(T)`` are cut from a cache of ``cos``/``sin`` rows ``(N, R/2)`` (``N`` a power of two,
-    grown when ``offset + T`` passes it), rebuilt when ``inv_freq`` changes (device, dtype, values); explicit
-    ``positions`` read the cache too on the CPU in eager calls when every row is a run ``p0, p0 + 1, ...`` of
-    integers (a decode step's ``(B, 1)`` position ids); other positions, accelerators and traced calls
-    (``torch.compile``, ``torch.export``) compute their tables directly. The cached rows are the direct
-    computation's numbers (tests/test_library_use.py).
+    grown when ``offset + T`` passes it), rebuilt when ``inv_freq`` changes (device, dtype, values); integer
+    ``positions`` and per-sequence offsets read the cache by index on the CPU in eager calls (a decode step's
+    ``(B, 1)`` position ids: one gather of full-width rows), up to :data:`CACHE_LIMIT`; real positions,
+    accelerators and traced calls (``torch.compile``, ``torch.export``) compute their tables directly. The cached
+    rows are the direct computation's numbers (tests/test_library_use.py, tests/test_rope_api.py).
+    Per-sequence offsets (a ``(B,)`` tensor) and packed sequences (``cu_seqlens``) are taken by ``forward``;
+    negative positions and offsets are refused (see ``forward``).
     Dynamic NTK and LongRoPE pick their table from ``seq_len``: the declared ``offset + T`` for default positions,
     otherwise ``max(positions) + 1`` as a tensor (no host sync, traceable).
 
-    What is checked where: shapes, dtypes and the sequence axis on every call (free of host syncs); the
-    finiteness of float positions only in eager calls on the CPU (reading values back from an accelerator would
-    stall it, and a traced graph cannot branch on values); the ambiguity of an unset ``seq_dim`` only in eager
-    calls.
+    What is checked where: shapes, dtypes and the sequence axis on every call (free of host syncs; in eager calls
+    remembered per shape signature); the finiteness of float positions and the sign of tensor positions and
+    offsets only in eager calls on the CPU (reading values back from an accelerator would stall it, and a traced
+    graph cannot branch on values); the ambiguity of an unset ``seq_dim`` only in eager calls.
     """
 
     kind = "qk"
