@@ -53,8 +53,16 @@ def _pair_slices(rotary_dim: int, layout: str) -> tuple[slice, slice]:
 
 
 def pair_indices(head_dim: int, layout: str = "half", device=None) -> torch.Tensor:
-    """The two feature indices of every rotated pair, ``(head_dim / 2, 2)`` int64: row ``i`` is ``(i, i + D/2)``
-    for ``"half"`` and ``(2i, 2i + 1)`` for ``"interleaved"``."""
+    """The two feature indices of every rotated pair.
+
+    Args:
+        head_dim: ``D``, an even int >= 2.
+        layout: ``"half"`` or ``"interleaved"``.
+        device: where the result lives.
+
+    Returns:
+        ``(D/2, 2)`` int64: row ``i`` is ``(i, i + D/2)`` for ``"half"`` and ``(2i, 2i + 1)`` for ``"interleaved"``.
+    """
     check_head_dim(head_dim)
     check_layout(layout)
     features = torch.arange(head_dim, device=device)
@@ -63,7 +71,16 @@ def pair_indices(head_dim: int, layout: str = "half", device=None) -> torch.Tens
 
 
 def rope_angles(positions, inv_freq: torch.Tensor) -> torch.Tensor:
-    """Angle ``positions * inv_freq`` in float32: ``(*P, L)`` x ``(R/2,)`` -> ``(*P, L, R/2)``."""
+    """Angles ``positions * inv_freq`` in float32.
+
+    Args:
+        positions: ``(L,)`` or ``(B, L)`` (a list or a tensor), any finite integer or real numbers (negative ones
+            too: relative offsets ``m - n`` are angles as well).
+        inv_freq: ``(R/2,)`` frequencies.
+
+    Returns:
+        ``(*P, L, R/2)`` float32 on ``inv_freq``'s device.
+    """
     require_tensor("inv_freq", inv_freq)
     positions = as_positions("positions", positions, device=inv_freq.device)
     check_inv_freq("inv_freq", inv_freq)
@@ -71,7 +88,16 @@ def rope_angles(positions, inv_freq: torch.Tensor) -> torch.Tensor:
 
 
 def rope_cos_sin(positions, inv_freq: torch.Tensor, attention_factor: float = 1.0):
-    """Half-size float32 tables ``(cos, sin)``, each ``(*P, L, R/2)``, scaled by ``attention_factor``."""
+    """Half-size float32 tables of :func:`rope_angles`.
+
+    Args:
+        positions: ``(L,)`` or ``(B, L)``, as for :func:`rope_angles`.
+        inv_freq: ``(R/2,)``.
+        attention_factor: a scale applied to both tables (YaRN's attention factor; 1 leaves them unscaled).
+
+    Returns:
+        ``(cos, sin)``, each ``(*P, L, R/2)`` float32, ready for :func:`apply_rope`.
+    """
     angles = rope_angles(positions, inv_freq)
     if attention_factor == 1.0:
         return angles.cos(), angles.sin()
@@ -451,9 +477,16 @@ def _check_positions(positions, x, axis, name="positions", x_name="x"):
 
 
 def rope_matrix(position: float, inv_freq: torch.Tensor, layout: str = "half", head_dim: int | None = None):
-    """The explicit block-diagonal rotation ``R(position)``, shape ``(D, D)``, float64.
+    """The explicit block-diagonal rotation ``R(position)``: for teaching and testing, not for speed.
 
-    ``rotate(x, [p], inv_freq)`` equals ``x @ R(p).T``; for teaching and testing, not for speed.
+    Args:
+        position: a real number.
+        inv_freq: ``(R/2,)``.
+        layout: ``"half"`` or ``"interleaved"``.
+        head_dim: ``D >= R`` (default ``R``); features past ``R`` are left alone (identity rows).
+
+    Returns:
+        ``(D, D)`` float64; ``rotate(x, [p], inv_freq)`` equals ``x @ R(p).T``.
     """
     half = inv_freq.shape[-1]
     head_dim = 2 * half if head_dim is None else head_dim
@@ -468,15 +501,29 @@ def rope_matrix(position: float, inv_freq: torch.Tensor, layout: str = "half", h
 
 
 def interleaved_to_half_permutation(head_dim: int, device=None) -> torch.Tensor:
-    """Index vector ``perm`` of shape ``(D,)``: ``x_half = x_interleaved[..., perm]``."""
+    """The permutation from the interleaved layout to the half layout.
+
+    Args:
+        head_dim: ``D``, an even int.
+        device: where the result lives.
+
+    Returns:
+        ``perm`` ``(D,)`` int64 with ``x_half = x_interleaved[..., perm]``.
+    """
     return pair_indices(head_dim, "interleaved", device=device).T.flatten()
 
 
 def permute_qk_weight(weight: torch.Tensor, n_heads: int, to: str = "half") -> torch.Tensor:
-    """Reorder the rows of a q or k projection ``(n_heads * D, d_in)`` so it feeds the other RoPE layout.
+    """Reorder the rows of a q or k projection so it feeds the other RoPE layout.
 
-    ``to="half"`` converts interleaved-layout weights (Meta, GPT-J) to half-split (Hugging Face);
-    ``to="interleaved"`` is the inverse. A bias of shape ``(n_heads * D,)`` is accepted too.
+    Args:
+        weight: ``(n_heads * D, d_in)``, or a bias ``(n_heads * D,)``.
+        n_heads: the number of heads the rows hold.
+        to: ``"half"`` converts interleaved-layout weights (Meta, GPT-J) to half-split (Hugging Face);
+            ``"interleaved"`` is the inverse.
+
+    Returns:
+        A tensor shaped like ``weight`` with each head's rows permuted.
     """
     require_tensor("weight", weight)
     require_int("n_heads", n_heads, minimum=1)
