@@ -187,15 +187,38 @@ def _pass_through(source: torch.Tensor, target: torch.Tensor, rotary_dim: int) -
         target[..., rotary_dim:].copy_(source[..., rotary_dim:])
 
 
-@torch.library.custom_op("posenc::rope_qk", mutates_args=())
-def _rope_qk_op(q: torch.Tensor, k: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, interleaved: bool,
-                conjugate: bool) -> tuple[torch.Tensor, torch.Tensor]:
+def _rope_qk_impl(q, k, cos, sin, interleaved: bool, conjugate: bool):
+    """The body of ``posenc::rope_qk``: new outputs, one launch, the features past ``R`` copied."""
     q_out, k_out = torch.empty_like(q), torch.empty_like(k)
     _launch(q, k, cos, sin, q_out, k_out, interleaved, conjugate)
     rotary_dim = 2 * cos.shape[-1]
     _pass_through(q, q_out, rotary_dim)
     _pass_through(k, k_out, rotary_dim)
     return q_out, k_out
+
+
+@torch.library.custom_op("posenc::rope_qk", mutates_args=())
+def _rope_qk_op(q: torch.Tensor, k: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, interleaved: bool,
+                conjugate: bool) -> tuple[torch.Tensor, torch.Tensor]:
+    return _rope_qk_impl(q, k, cos, sin, interleaved, conjugate)
+
+
+_functorch_active = getattr(torch._C, "_are_functorch_transforms_active", lambda: False)
+_dispatch_modes = getattr(torch._C, "_len_torch_dispatch_stack", lambda: 1)
+
+
+def _eager_direct(*tensors: torch.Tensor) -> bool:
+    """Whether a call may launch the kernel directly instead of through the custom op (whose dispatch costs about
+    25 us of host time per eager call): plain tensors on a kernel device, nothing for autograd to record, and no
+    tracing (``torch.compile``, ``torch.export``), functorch transform or dispatch mode (FakeTensorMode, ...),
+    all of which see the custom op."""
+    if torch.compiler.is_compiling() or _functorch_active() or _dispatch_modes():
+        return False
+    grad = torch.is_grad_enabled()
+    for t in tensors:
+        if type(t) is not torch.Tensor or t.device.type not in DEVICE_TYPES or (grad and t.requires_grad):
+            return False
+    return True
 
 
 @_rope_qk_op.register_fake
@@ -254,7 +277,8 @@ def rope_qk(q: torch.Tensor, k: torch.Tensor, cos: torch.Tensor, sin: torch.Tens
     (:mod:`posenc.rope` checks shapes before it dispatches here)."""
     cos, sin = _tables(cos, sin)
     q4, k4 = _as_heads_first(q, seq_dim), _as_heads_first(k, seq_dim)
-    q_out, k_out = _rope_qk_op(q4, k4, cos, sin, layout == "interleaved", conjugate)
+    rotate = _rope_qk_impl if _eager_direct(q, k, cos) else _rope_qk_op
+    q_out, k_out = rotate(q4, k4, cos, sin, layout == "interleaved", conjugate)
     if seq_dim == -3:
         q_out, k_out = q_out.transpose(-2, -3), k_out.transpose(-2, -3)
     return q_out.reshape(q.shape), k_out.reshape(k.shape)
@@ -269,7 +293,8 @@ def rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, layout: str = "h
     """One tensor, out of place: :func:`rope_qk` with no keys (the launch covers ``x``'s heads only)."""
     cos, sin = _tables(cos, sin)
     x4 = _as_heads_first(x, seq_dim)
-    out, _ = _rope_qk_op(x4, _no_heads(x4), cos, sin, layout == "interleaved", conjugate)
+    rotate = _rope_qk_impl if _eager_direct(x, cos) else _rope_qk_op
+    out, _ = rotate(x4, _no_heads(x4), cos, sin, layout == "interleaved", conjugate)
     return (out.transpose(-2, -3) if seq_dim == -3 else out).reshape(x.shape)
 
 

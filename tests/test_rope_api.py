@@ -235,3 +235,35 @@ def test_offsets_past_two_to_the_31_under_the_interpreter():
     result = subprocess.run([sys.executable, "-c", OVERFLOW_SCRIPT], env=env, capture_output=True, text=True,
                             timeout=600, cwd=ROOT)
     assert result.returncode == 0 and result.stdout.strip().endswith("ok"), result.stdout + result.stderr
+
+
+# ------------------------------------------------------------------------------------------ eager launches
+def test_eager_calls_launch_directly_and_everything_else_sees_the_custom_op(monkeypatch):
+    """An eager call with nothing for autograd skips the custom op's dispatch (host time) and gives the op's result;
+    gradients, fake tensors and tracing go through the op."""
+    tr = pytest.importorskip("posenc._triton_rope")
+    if not tr.AVAILABLE or os.environ.get("TRITON_INTERPRET") != "1":
+        pytest.skip("needs Triton's interpreter (TRITON_INTERPRET=1, set by conftest.py without CUDA)")
+    monkeypatch.setattr(tr, "DEVICE_TYPES", ("cuda", "cpu"))
+    through_op = []
+    op = tr._rope_qk_op
+    monkeypatch.setattr(tr, "_rope_qk_op", lambda *args: (through_op.append(1), op(*args))[1])
+    q, k = torch.randn(2, 4, 5, 16), torch.randn(2, 2, 5, 16)
+    cos, sin = tables(5)
+    direct = tr.rope_qk(q, k, cos, sin)
+    assert not through_op
+    assert all(torch.equal(a, b) for a, b in zip(direct, op(q, k, cos[None], sin[None], False, False)))
+    assert torch.equal(tr.rope(q, cos, sin), direct[0]) and not through_op
+    q_grad = q.clone().requires_grad_()
+    out, _ = tr.rope_qk(q_grad, k, cos, sin)
+    assert through_op and torch.equal(out, direct[0])
+    out.sum().backward()
+    assert q_grad.grad is not None
+    from torch._subclasses.fake_tensor import FakeTensorMode
+
+    through_op.clear()
+    with FakeTensorMode():
+        fake_q, fake_k = torch.randn(2, 4, 5, 16), torch.randn(2, 2, 5, 16)
+        fake_cos, fake_sin = torch.randn(5, 8), torch.randn(5, 8)
+        assert tr.rope_qk(fake_q, fake_k, fake_cos, fake_sin)[0].shape == fake_q.shape
+    assert through_op
