@@ -64,8 +64,9 @@ def test_a_tensor_over_two_to_the_31_elements():
     for b in (0, 33, 65):
         assert torch.equal(q_rot[b], _rotation_formula(q[b], cos, sin, "half"))
     del q_rot
-    posenc.apply_rope_(q[64:], cos, sin)  # in place, through offsets past 2**31
-    torch.cuda.synchronize()
+    before = q[65].clone()
+    posenc.apply_rope_(q[64:], cos, sin)  # in place, through a view that starts past 2**31 elements
+    assert torch.equal(q[65], _rotation_formula(before, cos, sin, "half"))
 
 
 def test_apply_rope_qk_and_the_module_in_a_cuda_graph():
