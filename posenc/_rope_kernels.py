@@ -151,8 +151,11 @@ class RotationEngine:
         work = x.float() if widen else x
         whole = x.shape[-1] == rotary
         head = work if whole else work.narrow(-1, 0, rotary)
-        c = head * cos_full
         t = head * sin_full
+        if widen and whole:  # the widened copy is ours: x cos is written over it (one allocation less)
+            c = head.mul_(cos_full)
+        else:
+            c = head * cos_full
         c1, c2 = self.pairs(c, half, layout)
         t1, t2 = self.pairs(t, half, layout)
         c1.sub_(t2)
