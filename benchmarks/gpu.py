@@ -1,159 +1,339 @@
-"""RoPE on a GPU: posenc's fused Triton kernel against what a GPU user would pick instead (``make bench-gpu``).
+"""RoPE on a GPU as a GPU user reads it (``make bench-gpu``); one line and exit 0 where there is no CUDA device.
 
-Runs only where CUDA is available; elsewhere it prints one line and exits 0. For the shapes
-(1, 32, 4096, 128), (4, 16, 2048, 128) with 8 kv heads and the decode step (64, 32, 1, 128), in float32 and
-bfloat16, forward and backward, it times:
+Two parts, both written to ``_build/bench-gpu.json`` with the date, the GPU and the versions:
 
-* posenc's default (the Triton kernel, q and k in one launch) and posenc compiled (``torch.compile`` of the formula,
-  ``POSENC_KERNEL=formula`` semantics);
-* transformers' ``apply_rotary_pos_emb``, eager and compiled (cos/sin precomputed by ``LlamaRotaryEmbedding``);
-* Liger-Kernel's and flash-attn's RoPE where they import;
-* a plain device copy of q and k, the bandwidth yardstick.
+* **kernels**: q and k rotated together at the decode shape (64, 32 + 8, 1, 128), a prefill (1, 32 + 8, 4096, 128)
+  and a training batch (4, 32 + 8, 8192, 128), bf16 and fp32, forward (and backward at the training batch). Per
+  contender: the device time (``triton.testing.do_bench``, CUDA events, median), the host time of one eager call
+  (the calls queued behind a long ``torch.cuda._sleep`` so that the host never waits for the device) and the
+  fraction of a copy (bytes moved over time, against a copy of q and k timed the same way). Contenders: posenc
+  (``apply_rope_qk``: the Triton kernel), transformers' ``apply_rotary_pos_emb`` eager and compiled, Liger,
+  FlashInfer's ``apply_rope_with_cos_sin_cache`` and flash-attn's ``apply_rotary_emb`` where they import, and each
+  one's largest difference from the float64 formula.
+* **model**: a 1B Llama (random weights, 16 layers, 32 q / 8 kv heads, head 128, llama3 rope, bf16, SDPA): prefill
+  of 8,192 tokens (ms) and greedy decode (tokens/s) at batch 1 and 32, with its own RoPE and under
+  ``posenc.use_posenc_rope``, eager and with a static cache under ``torch.compile``.
 
-Each is reported in milliseconds and as a fraction of the measured copy bandwidth: bytes moved (q and k read and
-written once, plus the tables) over time, divided by the copy's bytes over its time. It also checks each
-contender's output against the float64 formula (largest difference), and then runs every chapter of the book once
-with ``POSENC_DEVICE=cuda`` and reports which pass. Results: ``_build/bench-gpu.json`` with the device name and the
-versions. ``python -m benchmarks.gpu [--quick] [--no-chapters]``.
+A time budget (``--budget``, default 330 s) keeps the run under six minutes: what does not fit is reported as
+skipped. ``python -m benchmarks.gpu [--quick] [--no-model] [--no-compile] [--budget S] [--output PATH]``.
 """
 from __future__ import annotations
 
 import argparse
+import contextlib
+import datetime
 import json
-import os
 import statistics
-import subprocess
-import sys
+import time
 from pathlib import Path
 
 import torch
 
-from benchmarks.peers import version
-from benchmarks.timing import interleaved, synchronizer
-
 ROOT = Path(__file__).resolve().parents[1]
-SHAPES = {"prefill (1, 32, 4096, 128), kv 32": (1, 32, 32, 4096, 128),
-          "prefill (4, 16, 2048, 128), kv 8": (4, 16, 8, 2048, 128),
-          "decode (64, 32, 1, 128), kv 32": (64, 32, 32, 1, 128)}
+HEAD_DIM = 128
+#: name -> (batch, q heads, kv heads, length)
+SHAPES = {"decode (64, 32+8, 1, 128)": (64, 32, 8, 1),
+          "prefill (1, 32+8, 4096, 128)": (1, 32, 8, 4096),
+          "training (4, 32+8, 8192, 128)": (4, 32, 8, 8192)}
+QUICK_SHAPES = {"decode (8, 32+8, 1, 128)": (8, 32, 8, 1), "prefill (1, 32+8, 512, 128)": (1, 32, 8, 512)}
+BACKWARD_SHAPES = ("training (4, 32+8, 8192, 128)", "prefill (1, 32+8, 512, 128)")
+LLAMA_1B = dict(vocab_size=128256, hidden_size=2048, intermediate_size=8192, num_hidden_layers=16,
+                num_attention_heads=32, num_key_value_heads=8, head_dim=128, max_position_embeddings=131072,
+                rope_theta=500000.0, rope_scaling={"rope_type": "llama3", "factor": 32.0, "low_freq_factor": 1.0,
+                                                   "high_freq_factor": 4.0,
+                                                   "original_max_position_embeddings": 8192})
 
 
-def contenders(batch, heads, kv_heads, length, head_dim, dtype, device):
-    """name -> rotate(q, k) for every implementation that imports; q (B, H, T, D), k (B, Hk, T, D)."""
+def version(distribution: str) -> str | None:
+    from benchmarks.peers import version as installed
+
+    return installed(distribution)
+
+
+class Budget:
+    """Seconds left of the run; parts that would start after it are skipped (and reported so)."""
+
+    def __init__(self, seconds: float):
+        self.end = time.monotonic() + seconds
+
+    def left(self) -> float:
+        return self.end - time.monotonic()
+
+
+# ------------------------------------------------------------------------------------------ timing
+def device_ms(function, quick: bool = False) -> tuple[float, str]:
+    """Device time of ``function()`` in ms and how it was taken: replay of a CUDA graph of the call
+    (``triton.testing.do_bench_cudagraph``: the kernels alone, no host gaps), or, where the call cannot be captured,
+    CUDA events around eager calls (``do_bench``, L2 flushed between calls; median)."""
+    from triton import testing
+
+    try:
+        return float(testing.do_bench_cudagraph(function, rep=10 if quick else 50, return_mode="median")), "cuda graph"
+    except Exception:  # not capturable (a host sync, an allocation pattern a graph cannot hold)
+        torch.cuda.synchronize()
+        return float(testing.do_bench(function, warmup=5 if quick else 25, rep=20 if quick else 100,
+                                      return_mode="median")), "events"
+
+
+def host_us(function, calls: int = 50, rounds: int = 5) -> float:
+    """Host time of one eager call in us: ``calls`` calls queued behind a long sleep kernel, so that no call waits
+    for the device; median over ``rounds``."""
+    function()
+    torch.cuda.synchronize()
+    samples = []
+    for _ in range(rounds):
+        torch.cuda._sleep(200_000_000)  # ~0.1 s of device time on any recent GPU: the queue stays ahead
+        start = time.perf_counter()
+        for _ in range(calls):
+            function()
+        samples.append((time.perf_counter() - start) / calls * 1e6)
+        torch.cuda.synchronize()
+    return statistics.median(samples)
+
+
+# ------------------------------------------------------------------------------------------ contenders
+def contenders(batch, kv_heads, length, dtype, device, compile_peers: bool = True) -> dict:
+    """name -> ``rotate(q, k) -> (q_rot, k_rot)`` for ``q`` (B, H, T, D), ``k`` (B, H_kv, T, D), for every
+    implementation that imports (a missing one is left out)."""
     import posenc
 
-    inv_freq, _ = posenc.rope_frequencies(head_dim, device=device)
-    cos, sin = posenc.rope_cos_sin(torch.arange(length, device=device), inv_freq)
+    inv_freq, _ = posenc.rope_frequencies(HEAD_DIM, device=device)
+    positions = torch.arange(length, device=device)
+    cos, sin = posenc.rope_cos_sin(positions, inv_freq)
     found = {"copy": lambda q, k: (q.clone(), k.clone()),
-             "posenc (Triton)": lambda q, k: posenc.rope._triton_rope.rope_qk(q, k, cos, sin)}
-    formula = torch.compile(lambda q, k: (posenc.rope._rotation_formula(q, cos, sin, "half"),
-                                          posenc.rope._rotation_formula(k, cos, sin, "half")))
-    found["posenc compiled"] = formula
-    try:
-        from transformers import LlamaConfig
-        from transformers.models.llama.modeling_llama import LlamaRotaryEmbedding, apply_rotary_pos_emb
+             "posenc": lambda q, k: posenc.apply_rope_qk(q, k, cos, sin)}
+    with contextlib.suppress(ImportError):
+        from transformers.models.llama.modeling_llama import apply_rotary_pos_emb
 
-        config = LlamaConfig(hidden_size=heads * head_dim, num_attention_heads=heads, max_position_embeddings=length)
-        hf_cos, hf_sin = LlamaRotaryEmbedding(config, device=device)(torch.zeros(1, device=device, dtype=dtype),
-                                                                     torch.arange(length, device=device)[None])
+        # (1, T, D) in the model dtype, as LlamaRotaryEmbedding returns them
+        hf_cos, hf_sin = torch.cat((cos, cos), -1)[None].to(dtype), torch.cat((sin, sin), -1)[None].to(dtype)
         found["transformers eager"] = lambda q, k: apply_rotary_pos_emb(q, k, hf_cos, hf_sin)
-        found["transformers compiled"] = torch.compile(lambda q, k: apply_rotary_pos_emb(q, k, hf_cos, hf_sin))
-    except ImportError:
-        pass
-    try:
+        if compile_peers:
+            found["transformers compiled"] = torch.compile(lambda q, k: apply_rotary_pos_emb(q, k, hf_cos, hf_sin))
+    with contextlib.suppress(ImportError):
         from liger_kernel.ops.rope import LigerRopeFunction
 
         liger_cos, liger_sin = torch.cat((cos, cos), -1)[None].to(dtype), torch.cat((sin, sin), -1)[None].to(dtype)
-        found["Liger"] = lambda q, k: LigerRopeFunction.apply(q.clone(), k.clone(), liger_cos, liger_sin)
-    except ImportError:
-        pass
-    try:
+        # Liger rotates in place: it is handed copies (a copy's time is in the row; see "copy")
+        found["Liger (+ copy)"] = lambda q, k: LigerRopeFunction.apply(q.clone(), k.clone(), liger_cos, liger_sin)
+    with contextlib.suppress(ImportError):
+        from flashinfer.rope import apply_rope_with_cos_sin_cache
+
+        cache = torch.cat((cos, sin), -1)  # (T, D): cos in the first half, sin in the second, float32
+        flat_positions = positions.repeat(batch)
+
+        def flashinfer(q, k):
+            q_flat = q.transpose(1, 2).reshape(batch * length, -1)
+            k_flat = k.transpose(1, 2).reshape(batch * length, -1)
+            q_rot, k_rot = apply_rope_with_cos_sin_cache(flat_positions, q_flat, k_flat, HEAD_DIM, cache, True)
+            return (q_rot.view(batch, length, -1, HEAD_DIM).transpose(1, 2),
+                    k_rot.view(batch, length, -1, HEAD_DIM).transpose(1, 2))
+        found["FlashInfer"] = flashinfer
+    with contextlib.suppress(ImportError):
         from flash_attn.layers.rotary import apply_rotary_emb
 
-        found["flash-attn"] = lambda q, k: (apply_rotary_emb(q.transpose(1, 2), cos, sin).transpose(1, 2),
-                                           apply_rotary_emb(k.transpose(1, 2), cos, sin).transpose(1, 2))
-    except ImportError:
-        pass
-    return found, (cos, sin)
+        fa_cos, fa_sin = cos.to(dtype), sin.to(dtype)
+        found["flash-attn"] = lambda q, k: (apply_rotary_emb(q.transpose(1, 2), fa_cos, fa_sin).transpose(1, 2),
+                                           apply_rotary_emb(k.transpose(1, 2), fa_cos, fa_sin).transpose(1, 2))
+    return found
 
 
-def reference(x, cos, sin):
+def float64_reference(x, positions, device):
+    import posenc
     from posenc.rope import _rotation_formula
 
-    return _rotation_formula(x.double(), cos.double(), sin.double(), "half")
+    inv_freq, _ = posenc.rope_frequencies(HEAD_DIM, device=device)
+    angles = positions.double()[:, None] * inv_freq.double()
+    return _rotation_formula(x.double(), angles.cos(), angles.sin(), "half")
 
 
-def bench_shape(name, shape, dtype, device, rounds, backward):
-    batch, heads, kv_heads, length, head_dim = shape
-    rotations, (cos, sin) = contenders(batch, heads, kv_heads, length, head_dim, dtype, device)
-    q = torch.randn(batch, heads, length, head_dim, device=device, dtype=dtype)
-    k = torch.randn(batch, kv_heads, length, head_dim, device=device, dtype=dtype)
-    errors = {}
+def kernel_rows(name, shape, dtype, device, backward: bool, quick: bool, compile_peers: bool = True,
+                timer=None, host_timer=None) -> dict:
+    """One configuration: per contender device ms, host us per eager call, fraction of a copy, max error."""
+    timer = timer or (lambda f: device_ms(f, quick))
+    host_timer = host_timer or host_us
+    batch, heads, kv_heads, length = shape
+    rotations = contenders(batch, kv_heads, length, dtype, device, compile_peers)
+    q = torch.randn(batch, heads, length, HEAD_DIM, device=device, dtype=dtype)
+    k = torch.randn(batch, kv_heads, length, HEAD_DIM, device=device, dtype=dtype)
+    reference = float64_reference(q, torch.arange(length, device=device), device)
+    moved = 2 * (q.numel() + k.numel()) * q.element_size()  # q and k read and written once
+    rows = {}
     for label, rotate in rotations.items():
-        if label == "copy":
+        try:
+            if backward:
+                if label == "copy":
+                    call = (lambda: (q.clone(), k.clone()))
+                else:
+                    q_grad, k_grad = q.clone().requires_grad_(), k.clone().requires_grad_()
+                    q_out, k_out = rotate(q_grad, k_grad)
+                    seeds = (torch.randn_like(q_out), torch.randn_like(k_out))
+                    call = (lambda q_out=q_out, k_out=k_out, q_grad=q_grad, k_grad=k_grad, seeds=seeds:
+                            torch.autograd.grad((q_out, k_out), (q_grad, k_grad), seeds, retain_graph=True))
+                error = None
+            else:
+                call = (lambda rotate=rotate: rotate(q, k))
+                out = call()[0]
+                error = None if label == "copy" else float((out.double() - reference).abs().max())
+            milliseconds, method = timer(call)
+            rows[label] = {"device_us": 1e3 * milliseconds, "timed_by": method, "host_us_per_call": host_timer(call),
+                           "max_abs_error_vs_float64": error, "bytes": moved}
+        except Exception as failure:  # a peer that fails on this shape or dtype is reported, not fatal
+            rows[label] = {"error": f"{type(failure).__name__}: {failure}"[:300]}
+    copy = rows.get("copy", {}).get("device_us")
+    for row in rows.values():
+        if copy and "device_us" in row:
+            row["fraction_of_copy"] = copy / row["device_us"]
+    return rows
+
+
+# ------------------------------------------------------------------------------------------ the model
+def llama_1b(device, dtype=torch.bfloat16, layers: int | None = None):
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    config = LlamaConfig(**{**LLAMA_1B, **({"num_hidden_layers": layers} if layers else {})})
+    config._attn_implementation = "sdpa"
+    torch.manual_seed(0)
+    with torch.device(device):
+        model = LlamaForCausalLM(config).to(dtype).eval()
+    return model
+
+
+def _cuda_seconds(function) -> float:
+    torch.cuda.synchronize()
+    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+    start.record()
+    function()
+    end.record()
+    torch.cuda.synchronize()
+    return start.elapsed_time(end) / 1e3
+
+
+def model_rows(device, quick: bool, budget: Budget, compile_model: bool) -> dict:
+    """Prefill ms and greedy-decode tokens/s of the 1B Llama, own RoPE against use_posenc_rope."""
+    import posenc
+
+    model = llama_1b(device, layers=2 if quick else None)
+    prefill_tokens = 512 if quick else 8192
+    new_tokens = 16 if quick else 64
+    results: dict = {"config": {**LLAMA_1B, "num_hidden_layers": model.config.num_hidden_layers,
+                                "dtype": "bfloat16", "attention": "sdpa", "prefill_tokens": prefill_tokens,
+                                "new_tokens": new_tokens, "prompt_tokens": 128}}
+    generator = torch.Generator(device=device).manual_seed(0)
+
+    def prompt(batch, length):
+        return torch.randint(0, LLAMA_1B["vocab_size"], (batch, length), device=device, generator=generator)
+
+    def measure(label):
+        row = {}
+        long_prompt = prompt(1, prefill_tokens)
+        with torch.no_grad():
+            model(long_prompt, use_cache=False)  # warm-up
+            row["prefill_ms"] = 1e3 * statistics.median(
+                _cuda_seconds(lambda: model(long_prompt, use_cache=False)) for _ in range(3))
+            for batch in (1, 32):
+                start = prompt(batch, 128)
+                kwargs = dict(max_new_tokens=new_tokens, min_new_tokens=new_tokens, do_sample=False,
+                              pad_token_id=0)
+                model.generate(start, **{**kwargs, "max_new_tokens": 4, "min_new_tokens": 4})  # warm-up
+                seconds = statistics.median(_cuda_seconds(lambda: model.generate(start, **kwargs)) for _ in range(2))
+                row[f"decode_tokens_per_s_batch_{batch}"] = batch * new_tokens / seconds
+        results[label] = row
+        print(f"  {label:32s} " + "  ".join(f"{key} {value:,.1f}" for key, value in row.items()), flush=True)
+
+    for compiled in ((False, True) if compile_model else (False,)):
+        mode = "compiled (static cache)" if compiled else "eager"
+        for rope in ("own RoPE", "use_posenc_rope"):
+            label = f"{rope}, {mode}"
+            if budget.left() < (150 if compiled else 30):
+                results[label] = {"skipped": "time budget"}
+                continue
+            original_forward = model.forward
+            try:
+                if compiled:
+                    torch._dynamo.reset()
+                    model.generation_config.cache_implementation = "static"
+                    model.forward = torch.compile(model.forward, mode="reduce-overhead")
+                with (posenc.use_posenc_rope(model) if rope == "use_posenc_rope" else contextlib.nullcontext()):
+                    measure(label)
+            except Exception as failure:
+                results[label] = {"error": f"{type(failure).__name__}: {failure}"[:400]}
+                print(f"  {label}: {results[label]['error']}", flush=True)
+            finally:
+                model.forward = original_forward
+                model.generation_config.cache_implementation = None
+    for mode in ("eager", "compiled (static cache)"):
+        own, ours = results.get(f"own RoPE, {mode}", {}), results.get(f"use_posenc_rope, {mode}", {})
+        ratios = {}
+        if "prefill_ms" in own and "prefill_ms" in ours:
+            ratios["prefill_speedup"] = own["prefill_ms"] / ours["prefill_ms"]
+        for key in ("decode_tokens_per_s_batch_1", "decode_tokens_per_s_batch_32"):
+            if key in own and key in ours:
+                ratios[key.replace("tokens_per_s", "speedup")] = ours[key] / own[key]
+        if ratios:
+            results[f"posenc / own, {mode}"] = ratios
+    return results
+
+
+# ------------------------------------------------------------------------------------------ report
+def print_rows(title: str, rows: dict) -> None:
+    print(title, flush=True)
+    for label, row in rows.items():
+        if "error" in row:
+            print(f"  {label:24s} {row['error']}")
             continue
-        q_rot, _ = rotate(q, k)
-        errors[label] = float((q_rot.double() - reference(q, cos, sin)).abs().max())
-    if backward:
-        def timed(rotate):
-            q_grad, k_grad = q.clone().requires_grad_(), k.clone().requires_grad_()
-            q_out, k_out = rotate(q_grad, k_grad)
-            seed_q, seed_k = torch.ones_like(q_out), torch.ones_like(k_out)
-            return lambda: torch.autograd.grad((q_out, k_out), (q_grad, k_grad), (seed_q, seed_k))
-        prepare = {label: (lambda r=rotate: timed(r)) for label, rotate in rotations.items() if label != "copy"}
-        calls = {label: (lambda: None) for label in prepare} | {"copy": lambda: (q.clone(), k.clone())}
-        times = interleaved(calls, rounds, synchronizer(device), prepare=prepare)
-    else:
-        calls = {label: (lambda r=rotate: r(q, k)) for label, rotate in rotations.items()}
-        for call in calls.values():   # warm-up: compiles and autotunes outside the timing
-            call()
-        times = interleaved(calls, rounds, synchronizer(device))
-    seconds = {label: statistics.median(values) for label, values in times.items()}
-    moved = 2 * (q.numel() + k.numel()) * q.element_size()
-    copy_rate = moved / seconds["copy"]
-    return {label: {"ms": 1e3 * value,
-                    "fraction_of_copy_bandwidth": (moved / value) / copy_rate,
-                    "max_abs_error_vs_float64": errors.get(label)}
-            for label, value in seconds.items()}
+        error = row.get("max_abs_error_vs_float64")
+        print(f"  {label:24s} device {row['device_us']:9.1f} us  host {row['host_us_per_call']:7.1f} us/call  "
+              f"{row.get('fraction_of_copy', float('nan')):5.2f} of a copy"
+              + (f"  max error {error:.2e}" if error is not None else ""), flush=True)
 
 
-def chapters_on_cuda() -> dict:
-    env = {**os.environ, "POSENC_DEVICE": "cuda"}
-    result = subprocess.run([sys.executable, "-m", "book.tools.run_notebooks", "--output-dir", "_build/executed-cuda"],
-                            cwd=ROOT, env=env, capture_output=True, text=True)
-    lines = [line for line in result.stdout.splitlines() if line.strip().endswith(("ok", "FAILED")) or "FAILED" in line]
-    return {"returncode": result.returncode, "lines": lines}
+def environment(device) -> dict:
+    return {"date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
+            "device": torch.cuda.get_device_name(device), "capability": list(torch.cuda.get_device_capability(device)),
+            "torch": torch.__version__, "cuda": torch.version.cuda,
+            **{name: version(name) for name in ("triton", "transformers", "liger-kernel", "flashinfer-python",
+                                                "flash-attn")}}
 
 
-def main() -> int:
+def main(argv=None) -> int:
     parser = argparse.ArgumentParser(prog="python -m benchmarks.gpu", description=__doc__,
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--quick", action="store_true", help="three rounds per configuration")
-    parser.add_argument("--no-chapters", action="store_true", help="skip running the chapters on CUDA")
+    parser.add_argument("--quick", action="store_true", help="small shapes, a two-layer model, short timings")
+    parser.add_argument("--no-model", action="store_true", help="the kernels only")
+    parser.add_argument("--no-compile", action="store_true", help="no torch.compile (peers and the model)")
+    parser.add_argument("--budget", type=float, default=330.0, help="seconds; later parts are skipped past it")
     parser.add_argument("--output", type=Path, default=ROOT / "_build" / "bench-gpu.json")
-    args = parser.parse_args()
+    args = parser.parse_args(argv)
     if not torch.cuda.is_available():
-        print("bench-gpu: no CUDA device on this machine; nothing measured (run `make bench-gpu` on a machine with one)")
+        print("bench-gpu: no CUDA device on this machine; nothing measured (run make bench-gpu on a machine with one)")
         return 0
+    budget = Budget(args.budget)
     device = torch.device("cuda")
-    report = {"device": torch.cuda.get_device_name(device), "torch": torch.__version__,
-              "triton": version("triton"), "transformers": version("transformers"),
-              "liger-kernel": version("liger-kernel"), "flash-attn": version("flash-attn"), "results": {}}
-    rounds = 3 if args.quick else 15
-    for shape_name, shape in SHAPES.items():
-        for dtype in (torch.float32, torch.bfloat16):
-            for backward in (False, True):
-                key = f"{shape_name}, {str(dtype).removeprefix('torch.')}, {'backward' if backward else 'forward'}"
-                report["results"][key] = bench_shape(shape_name, shape, dtype, device, rounds, backward)
-                print(key)
-                for label, row in report["results"][key].items():
-                    error = row["max_abs_error_vs_float64"]
-                    print(f"  {label:24s} {row['ms']:9.3f} ms  {row['fraction_of_copy_bandwidth']:6.2f} of copy"
-                          + (f"  max error {error:.2e}" if error is not None else ""))
-    if not args.no_chapters:
-        report["chapters"] = chapters_on_cuda()
-        print("\n".join(report["chapters"]["lines"]))
+    report = {**environment(device), "kernels": {}, "skipped": []}
+    print(" ".join(f"{key}={value}" for key, value in report.items() if key not in ("kernels", "skipped")))
+    shapes = QUICK_SHAPES if args.quick else SHAPES
+    for name, shape in shapes.items():
+        for dtype in (torch.bfloat16, torch.float32):
+            for backward in ((False, True) if name in BACKWARD_SHAPES else (False,)):
+                key = f"{name}, {str(dtype).removeprefix('torch.')}, {'backward' if backward else 'forward'}"
+                if budget.left() < (200 if not args.no_model else 20):
+                    report["skipped"].append(key)
+                    continue
+                report["kernels"][key] = kernel_rows(name, shape, dtype, device, backward, args.quick,
+                                                     compile_peers=not args.no_compile)
+                print_rows(key, report["kernels"][key])
+                torch.cuda.empty_cache()
+    if not args.no_model:
+        print("1B Llama (random weights), own RoPE against use_posenc_rope", flush=True)
+        try:
+            report["model"] = model_rows(device, args.quick, budget, compile_model=not args.no_compile)
+        except ImportError as missing:
+            report["model"] = {"skipped": f"transformers missing: {missing}"}
     args.output.parent.mkdir(parents=True, exist_ok=True)
     args.output.write_text(json.dumps(report, indent=1))
+    if report["skipped"]:
+        print("skipped for time:", ", ".join(report["skipped"]))
     print(f"bench-gpu: wrote {args.output}")
     return 0
 

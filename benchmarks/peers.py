@@ -85,7 +85,8 @@ def transformers_decode_step(head_dim, n_heads, dtype, device):
 
 def posenc_decode_step(head_dim, n_heads, dtype, device, by="offset"):
     """One generation step with :class:`posenc.RotaryEmbedding`: ``by="offset"`` passes the number of cached tokens
-    (an int: the tables are rows of the module's cache), ``by="positions"`` the ``(B, 1)`` position ids."""
+    (an int, or a ``(B,)`` tensor: one per sequence; the tables are rows of the module's cache), ``by="positions"``
+    the ``(B, 1)`` position ids."""
     rotary = posenc.RotaryEmbedding(head_dim, max_position_embeddings=8192).to(device)
     if by == "offset":
         return lambda q, k, position, position_ids: rotary(q, k, offset=position)

@@ -8,8 +8,8 @@ Sections: RoPE forward on CPU (fp32 and bf16, two shapes, q and k both; throughp
 a fraction of the bandwidth of a plain out-of-place copy of q and k); backward and in place (CPU, fp32); in fp32
 also a copy and posenc's kernel writing into buffers that already exist (the difference to the plain copy is the
 cost of a fresh output's memory pages, which every out-of-place operation pays);
-one generation step at (8, 32, 1, 128) (decode: cos/sin and the rotation of q and k, against transformers'
-LlamaRotaryEmbedding + apply_rotary_pos_emb); a summary in the form of the README's table; bf16 precision against
+one generation step at (8, 32 + 8 kv, 1, 128), one thread, each sequence at its own position (decode: cos/sin
+and the rotation of q and k, against transformers' LlamaRotaryEmbedding + apply_rotary_pos_emb); a summary in the form of the README's table; bf16 precision against
 float64 at positions 0..100 000; the book (each chapter's execution time against its target, "over" where missed,
 never a failure; with ``--book`` also ``make book`` from nothing, timed in a fresh copy); the live redraw time,
 median and slowest run, of every interactive
@@ -45,6 +45,7 @@ QUICK_SHAPES = ((1, 8, 1024, 128),)
 PRECISION_POSITIONS = 100_001
 SLIDER_LIMIT_SECONDS = 0.1
 DECODE_SHAPE = (8, 32, 1, 128)  # (B, H, T, D): one new token per sequence, as in generation
+DECODE_KV_HEADS = 8  # k: (8, 8, 1, 128), grouped-query attention as in Llama 3
 DECODE_STEPS = 200  # steps per timed sample: one step is tens of microseconds
 
 
@@ -190,12 +191,15 @@ def backward_section(shapes, budget, available) -> list:
     return results
 
 
-def decode_section(budget, available, shape=DECODE_SHAPE, steps: int = DECODE_STEPS) -> list:
-    """CPU: one generation step, q and k of one new token per sequence rotated at position ``start + step``.
+def decode_section(budget, available, shape=DECODE_SHAPE, steps: int = DECODE_STEPS,
+                   kv_heads: int = DECODE_KV_HEADS) -> list:
+    """CPU: one generation step, q ``shape`` and k with ``kv_heads`` heads (GQA) of one new token per sequence,
+    each sequence at its own position (``1000 + 37 b + step``: batched decoding of sequences of different lengths).
 
-    A sample is ``steps`` consecutive steps (positions 1000, 1001, ...); transformers computes its cos and sin
-    from ``position_ids`` inside every step, as its models do; posenc is called with the cache offset (an int) and
-    with the ``(B, 1)`` position ids. Per-step times; ``vs_transformers`` = transformers' time / the contender's.
+    A sample is ``steps`` consecutive steps; transformers computes its cos and sin from ``position_ids`` ``(B, 1)``
+    inside every step, as its models do (``LlamaRotaryEmbedding`` + ``apply_rotary_pos_emb``); posenc's
+    ``RotaryEmbedding`` is called with the per-sequence offsets (a ``(B,)`` tensor) and with the position ids.
+    Per-step times; ``vs_transformers`` = transformers' time / the contender's (target: >= 1, one thread).
     """
     device, results = torch.device("cpu"), []
     if "transformers" not in available:
@@ -205,19 +209,21 @@ def decode_section(budget, available, shape=DECODE_SHAPE, steps: int = DECODE_ST
     for dtype in (torch.float32, torch.bfloat16):
         generator = torch.Generator().manual_seed(2)
         q = torch.randn(shape, generator=generator).to(dtype)
-        k = torch.randn(shape, generator=generator).to(dtype)
-        ids = [torch.full((batch, 1), 1000 + s) for s in range(steps)]
+        k = torch.randn((batch, kv_heads, *shape[2:]), generator=generator).to(dtype)
+        starts = [1000 + 37 * torch.arange(batch) + s for s in range(steps)]  # (B,): each sequence elsewhere
+        ids = [start[:, None] for start in starts]
         builders = {"transformers": peers.transformers_decode_step(head_dim, n_heads, dtype, device),
-                    "posenc (offset)": peers.posenc_decode_step(head_dim, n_heads, dtype, device, "offset"),
+                    "posenc (per-sequence offsets)": peers.posenc_decode_step(head_dim, n_heads, dtype, device,
+                                                                              "offset"),
                     "posenc (position ids)": peers.posenc_decode_step(head_dim, n_heads, dtype, device, "positions")}
-        expected = builders["transformers"](q, k, 1000, ids[0])
-        differences = {name: max(_max_difference(o, e) for o, e in zip(step(q, k, 1000, ids[0]), expected))
+        expected = builders["transformers"](q, k, starts[0], ids[0])
+        differences = {name: max(_max_difference(o, e) for o, e in zip(step(q, k, starts[0], ids[0]), expected))
                        for name, step in builders.items()}
 
         def run(step):
             def many():
                 for s in range(steps):
-                    step(q, k, 1000 + s, ids[s])
+                    step(q, k, starts[s], ids[s])
             return many
 
         calls = {name: run(step) for name, step in builders.items()}
@@ -232,9 +238,11 @@ def decode_section(budget, available, shape=DECODE_SHAPE, steps: int = DECODE_ST
                          "vs_transformers": round(median_ratio(times["transformers"], samples), 3),
                          "max_diff_vs_transformers": round(differences[name], 6)})
         results.append({"device": "cpu", "dtype": str(dtype).replace("torch.", ""), "shape": list(shape),
+                        "kv_heads": kv_heads, "threads": torch.get_num_threads(),
                         "steps_per_sample": steps, "rounds": len(times["transformers"]), "rows": rows,
                         "times_s": times})
-        print_table(f"decode step, cpu, {results[-1]['dtype']}, q and k {tuple(shape)}, {steps} steps per sample  "
+        print_table(f"decode step, cpu, {results[-1]['dtype']}, q {tuple(shape)}, {kv_heads} kv heads, each sequence "
+                    f"at its own position, {torch.get_num_threads()} thread(s), {steps} steps per sample  "
                     f"[{results[-1]['rounds']} interleaved rounds]",
                     ["contender", "us_per_step", "vs_transformers", "max_diff_vs_transformers"], rows)
     return results
@@ -433,9 +441,9 @@ def issue_table(report: dict) -> list:
                          else None})
     for result in report.get("decode_cpu", []):
         hf = row_of(result, "transformers")
-        for name in ("posenc (offset)", "posenc (position ids)"):
+        for name in ("posenc (per-sequence offsets)", "posenc (position ids)"):
             mine = row_of(result, name)
-            rows.append({"case": f"decode step {name[7:-1]}, {result['dtype']} {tuple(result['shape'])}, "
+            rows.append({"case": f"decode step ({name[8:-1]}), {result['dtype']} {tuple(result['shape'])}, "
                                  f"us per step (transformers {hf['us_per_step']})",
                          "posenc default": mine["us_per_step"], "default vs transformers": mine["vs_transformers"]})
     for result in report.get("backward_cpu", []):
@@ -531,8 +539,13 @@ def main() -> int:
         report["forward_cpu"] = forward_section(cpu, shapes, budget, available)
     if "backward" in sections:
         report["backward_cpu"] = backward_section(shapes, budget, available)
-    if "decode" in sections:
-        report["decode_cpu"] = decode_section(budget / 2, available)
+    if "decode" in sections:  # one thread, as the target (>= 1.0x transformers) is stated
+        threads = torch.get_num_threads()
+        torch.set_num_threads(1)
+        try:
+            report["decode_cpu"] = decode_section(budget / 2, available)
+        finally:
+            torch.set_num_threads(threads)
     if {"forward", "backward", "decode"} & sections:
         report["summary"] = issue_table(report)
     if "precision" in sections:

@@ -15,9 +15,10 @@ computing exactly that formula, chosen per call by :class:`RotationEngine`:
   rounded once at the end). In place, ``t`` is taken before ``x`` is overwritten, so ``x`` is read and written
   once per block.
   Each pass runs over a whole block, so torch spreads it over its intra-op threads.
-* below :data:`KERNEL_MIN_NUMEL` elements, with no gradient to record (a decode step), the formula's products and
-  sums written by ``out=`` into the two halves of one output (:meth:`RotationEngine.rotate_small`): the formula's
-  arithmetic without its ``cat``, for inputs where the number of operations, not memory, is the cost;
+* below :data:`KERNEL_MIN_NUMEL` elements, with no gradient to record (a decode step), the same four passes over
+  the whole tensor with full-width tables built once for q and k (:meth:`RotationEngine.rotate_full`; a
+  :class:`posenc.RotaryEmbedding` gathers them from its cache): the formula's arithmetic in four operations per
+  tensor, for inputs where the number of operations, not memory, is the cost;
 * a custom autograd function around the blocked kernel: the gradient of a rotation is the rotation by the
   opposite angle, so the backward pass is the same fast kernel;
 * ``torch.compile`` of the formula (``compiled=True``): one fused loop that reads ``x`` once and writes once.
@@ -123,29 +124,45 @@ class RotationEngine:
             if grad:
                 return _Rotation.apply(x, cos, sin, layout, self)
             return self.rotate_into(torch.empty_like(x), x, cos, sin, layout)
-        if not grad and cos.dtype == sin.dtype == (x.dtype if x.dtype in (torch.float32, torch.float64)
-                                                   else torch.float32):
-            return self.rotate_small(x, cos, sin, layout)
         return self.formula(x, cos, sin, layout)
 
-    def rotate_small(self, x, cos, sin, layout):
-        """The formula's arithmetic (``x1 cos - x2 sin``, ``x2 cos + x1 sin``: each product rounded, then the sum)
-        written straight into the halves of one output: no ``cat``. A bf16 or fp16 ``x`` is widened to float32
-        once and the result rounded once at the end, as in the formula (mixed-dtype operations would take torch's
-        slow casting loops). For small eager inputs, such as a decode step, where the cost is the number of
-        operations rather than memory."""
-        half = cos.shape[-1]
-        rotary = 2 * half
+    def small_fits(self, q, k, cos, sin) -> bool:
+        """Whether :meth:`rotate_full` serves ``q`` (and ``k``, or None): small eager inputs with no gradient to
+        record and float32 tables (float64 for a float64 input), where the number of operations is the cost."""
+        wide = q.dtype if q.dtype in (torch.float32, torch.float64) else torch.float32
+        if cos.dtype != wide or sin.dtype != wide or not self._eager_fits(q, cos, sin):
+            return False
+        if torch.is_grad_enabled() and (q.requires_grad or (k is not None and k.requires_grad)):
+            return False
+        if k is None:
+            return q.numel() < KERNEL_MIN_NUMEL
+        return (k.dtype == q.dtype and k.ndim == q.ndim and tables_fit(k, cos)
+                and q.numel() + k.numel() < KERNEL_MIN_NUMEL)
+
+    def rotate_full(self, x, cos_full, sin_full, layout):
+        """The formula with full-width tables ``(..., R)`` (both members of a pair hold their pair's entry; built
+        once for q and k): ``c = x cos`` and ``t = x sin`` over whole rows, then ``c1 -= t2`` and ``c2 += t1``:
+        the formula's products and sums, each rounded once, so equal bit for bit. A bf16 or fp16 ``x`` is widened
+        to float32 first and rounded once at the end (measured faster than mixed-dtype products or ``out=`` casts).
+        Four operations per float32 tensor; no autograd."""
+        rotary = cos_full.shape[-1]
+        half = rotary // 2
         widen = x.dtype not in (torch.float32, torch.float64)
         work = x.float() if widen else x
-        out = torch.empty_like(work)
-        x1, x2 = self.pairs(work, half, layout)
-        o1, o2 = self.pairs(out, half, layout)
-        torch.sub(x1 * cos, x2 * sin, out=o1)
-        torch.add(x2 * cos, x1 * sin, out=o2)
-        if x.shape[-1] > rotary:  # the features that do not rotate pass through
-            out[..., rotary:].copy_(work[..., rotary:])
-        return out.to(x.dtype) if widen else out
+        whole = x.shape[-1] == rotary
+        head = work if whole else work.narrow(-1, 0, rotary)
+        t = head * sin_full
+        if widen and whole:  # the widened copy is ours: x cos is written over it (one allocation less)
+            c = head.mul_(cos_full)
+        else:
+            c = head * cos_full
+        c1, c2 = self.pairs(c, half, layout)
+        t1, t2 = self.pairs(t, half, layout)
+        c1.sub_(t2)
+        c2.add_(t1)
+        if not whole:  # the features that do not rotate pass through
+            c = torch.cat((c, work[..., rotary:]), dim=-1)
+        return c.to(x.dtype) if widen else c
 
     def kernel_fits_in_place(self, x, cos, sin) -> bool:
         """:meth:`kernel_fits`, and autograd has nothing to record for ``x`` (the kernel writes it directly)."""

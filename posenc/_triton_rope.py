@@ -36,12 +36,68 @@ AVAILABLE = triton is not None
 #: ``POSENC_KERNEL=formula`` turns the Triton path off everywhere (the plain formula runs instead).
 KERNEL_ENV = "POSENC_KERNEL"
 INTERPRETING = os.environ.get("TRITON_INTERPRET") == "1"
+#: The device types the kernel is launched on (the tests add ``"cpu"`` to run the dispatch under the interpreter).
+DEVICE_TYPES = ("cuda",)
+#: The oldest Triton the kernel is run with (``enable_fp_fusion`` as a launch option, int64 index arithmetic).
+MIN_TRITON = (3, 0)
+#: Compute capability the kernel needs: bfloat16 arithmetic from sm_80 (Ampere) on; other dtypes from sm_70.
+MIN_CAPABILITY = {torch.bfloat16: (8, 0)}
+DEFAULT_MIN_CAPABILITY = (7, 0)
+
+
+def _triton_version() -> tuple[int, ...]:
+    numbers = []
+    for part in (triton.__version__ if AVAILABLE else "0").split(".")[:2]:
+        digits = "".join(c for c in part if c.isdigit())
+        numbers.append(int(digits or 0))
+    return tuple(numbers)
+
+
+#: Compute capability per CUDA device index, read once (all devices when this module is first imported, so that a
+#: call traced by ``torch.compile`` only reads this dict).
+_CAPABILITIES: dict = {}
+if AVAILABLE and torch.cuda.is_available():
+    for _index in range(torch.cuda.device_count()):
+        _CAPABILITIES[_index] = torch.cuda.get_device_capability(_index)
+
+
+def _capability(device: torch.device) -> tuple[int, int]:
+    """The device's compute capability; a device that is not CUDA (the interpreter's CPU) counts as capable."""
+    if device.type != "cuda":
+        return (99, 0)
+    index = torch.cuda.current_device() if device.index is None else device.index
+    if index not in _CAPABILITIES:
+        _CAPABILITIES[index] = torch.cuda.get_device_capability(index)
+    return _CAPABILITIES[index]
+
+
+#: (device type, index, dtype) -> whether the kernel runs there: the decision, made once per device and dtype.
+_CAPABLE: dict = {}
+
+
+def capable(device_type: str, device_index: int | None, dtype: torch.dtype) -> bool:
+    """Whether the kernel runs ``dtype`` on this device: Triton new enough and the compute capability it needs
+    (bfloat16 before sm_80, e.g. a T4, takes the formula instead). Decided once per device and dtype (a plain
+    dict, which ``torch.compile`` reads without a graph break)."""
+    key = (device_type, device_index, dtype)
+    decision = _CAPABLE.get(key)
+    if decision is None:
+        if not AVAILABLE or _triton_version() < MIN_TRITON:
+            decision = False
+        else:
+            device = torch.device(device_type, device_index)
+            decision = _capability(device) >= MIN_CAPABILITY.get(dtype, DEFAULT_MIN_CAPABILITY)
+        _CAPABLE[key] = decision
+    return decision
 
 
 def use_triton(x: torch.Tensor) -> bool:
-    """Whether :func:`posenc.rope.apply_rope` sends ``x`` to the Triton kernel: a CUDA tensor, Triton importable,
-    and ``POSENC_KERNEL`` not set to ``formula``. Decided from the device alone, never from values."""
-    return AVAILABLE and x.device.type == "cuda" and os.environ.get(KERNEL_ENV, "") != "formula"
+    """Whether :func:`posenc.rope.apply_rope` sends ``x`` to the Triton kernel: a CUDA tensor, Triton importable
+    and recent enough, a device that runs ``x``'s dtype (:func:`capable`, cached), and ``POSENC_KERNEL`` not set
+    to ``formula``. Decided from the device and dtype alone, never from values."""
+    device = x.device
+    return (AVAILABLE and device.type in DEVICE_TYPES and os.environ.get(KERNEL_ENV, "") != "formula"
+            and capable(device.type, device.index, x.dtype))
 
 
 if AVAILABLE:
@@ -53,13 +109,15 @@ if AVAILABLE:
                      sc_b, sc_t, sc_p,
                      HALF: tl.constexpr, INTERLEAVED: tl.constexpr, CONJUGATE: tl.constexpr, WIDE: tl.constexpr,
                      BLOCK_T: tl.constexpr, BLOCK_P: tl.constexpr):
-        # program (t block, b * n_heads + head): heads 0 .. n_q_heads-1 are q's, the rest k's
-        pid_t = tl.program_id(0)
-        pid_bh = tl.program_id(1)
+        # program (b * n_heads + head, t block): heads 0 .. n_q_heads-1 are q's, the rest k's. Every index is
+        # int64 before it meets a stride, so no offset b * stride_b + head * stride_h + t * stride_t + ... wraps at
+        # 2**31 (a (66, 32, 8192, 128) tensor has 2.2e9 elements; each stride alone fits in 32 bits)
+        pid_bh = tl.program_id(0).to(tl.int64)
+        pid_t = tl.program_id(1).to(tl.int64)
         b = pid_bh // n_heads
         head = pid_bh % n_heads
-        t = pid_t * BLOCK_T + tl.arange(0, BLOCK_T)
-        p = tl.arange(0, BLOCK_P)
+        t = pid_t * BLOCK_T + tl.arange(0, BLOCK_T).to(tl.int64)
+        p = tl.arange(0, BLOCK_P).to(tl.int64)
         mask = (t[:, None] < seq_len) & (p[None, :] < HALF)
         table = b * sc_b + t[:, None] * sc_t + p[None, :] * sc_p
         cos = tl.load(COS + table, mask=mask, other=0.0)
@@ -93,7 +151,8 @@ if AVAILABLE:
         else:
             x1 = x1.to(tl.float32)
             x2 = x2.to(tl.float32)
-        # the formula's products and sums, each rounded once (no fused multiply-add is asked for)
+        # the formula's products and sums, each rounded once: the launch turns contraction into FMAs off
+        # (enable_fp_fusion=False), which the GPU compiler would otherwise do (1 ulp off the formula)
         y1 = x1 * cos - x2 * sin
         y2 = x2 * cos + x1 * sin
         tl.store(dst1, y1.to(out_dtype), mask=mask)
@@ -111,13 +170,16 @@ def _launch(q, k, cos, sin, q_out, k_out, interleaved: bool, conjugate: bool) ->
     n_k = k.shape[1]
     half = cos.shape[-1]
     block_t, block_p = _block_sizes(seq_len, half)
-    grid = (triton.cdiv(seq_len, block_t), batch * (n_q + n_k))
+    # batch x heads on axis 0 (up to 2**31 - 1 programs), blocks of positions on axis 1 (up to 65,535)
+    grid = (batch * (n_q + n_k), triton.cdiv(seq_len, block_t))
+    if grid[0] == 0 or grid[1] == 0:
+        return
     table_batch_stride = cos.stride(0) if cos.shape[0] > 1 else 0
     _rope_kernel[grid](q, k, cos, sin, q_out, k_out, n_q, n_q + n_k, seq_len,
                        *q.stride(), *k.stride(), *q_out.stride(), *k_out.stride(),
                        table_batch_stride, cos.stride(1), cos.stride(2),
                        HALF=half, INTERLEAVED=interleaved, CONJUGATE=conjugate, WIDE=q.dtype == torch.float64,
-                       BLOCK_T=block_t, BLOCK_P=block_p)
+                       BLOCK_T=block_t, BLOCK_P=block_p, enable_fp_fusion=False)
 
 
 def _pass_through(source: torch.Tensor, target: torch.Tensor, rotary_dim: int) -> None:
@@ -125,15 +187,38 @@ def _pass_through(source: torch.Tensor, target: torch.Tensor, rotary_dim: int) -
         target[..., rotary_dim:].copy_(source[..., rotary_dim:])
 
 
-@torch.library.custom_op("posenc::rope_qk", mutates_args=())
-def _rope_qk_op(q: torch.Tensor, k: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, interleaved: bool,
-                conjugate: bool) -> tuple[torch.Tensor, torch.Tensor]:
+def _rope_qk_impl(q, k, cos, sin, interleaved: bool, conjugate: bool):
+    """The body of ``posenc::rope_qk``: new outputs, one launch, the features past ``R`` copied."""
     q_out, k_out = torch.empty_like(q), torch.empty_like(k)
     _launch(q, k, cos, sin, q_out, k_out, interleaved, conjugate)
     rotary_dim = 2 * cos.shape[-1]
     _pass_through(q, q_out, rotary_dim)
     _pass_through(k, k_out, rotary_dim)
     return q_out, k_out
+
+
+@torch.library.custom_op("posenc::rope_qk", mutates_args=())
+def _rope_qk_op(q: torch.Tensor, k: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, interleaved: bool,
+                conjugate: bool) -> tuple[torch.Tensor, torch.Tensor]:
+    return _rope_qk_impl(q, k, cos, sin, interleaved, conjugate)
+
+
+_functorch_active = getattr(torch._C, "_are_functorch_transforms_active", lambda: False)
+_dispatch_modes = getattr(torch._C, "_len_torch_dispatch_stack", lambda: 1)
+
+
+def _eager_direct(*tensors: torch.Tensor) -> bool:
+    """Whether a call may launch the kernel directly instead of through the custom op (whose dispatch costs about
+    25 us of host time per eager call): plain tensors on a kernel device, nothing for autograd to record, and no
+    tracing (``torch.compile``, ``torch.export``), functorch transform or dispatch mode (FakeTensorMode, ...),
+    all of which see the custom op."""
+    if torch.compiler.is_compiling() or _functorch_active() or _dispatch_modes():
+        return False
+    grad = torch.is_grad_enabled()
+    for t in tensors:
+        if type(t) is not torch.Tensor or t.device.type not in DEVICE_TYPES or (grad and t.requires_grad):
+            return False
+    return True
 
 
 @_rope_qk_op.register_fake
@@ -150,8 +235,8 @@ def _setup_context(ctx, inputs, output):
 def _backward(ctx, grad_q, grad_k):
     cos, sin = ctx.saved_tensors
     # the adjoint of a rotation is the rotation by the opposite angle; the tables get no gradient here
-    grad_q, grad_k = _rope_qk_op(grad_q.contiguous(), grad_k.contiguous(), cos, sin, ctx.interleaved,
-                                 not ctx.conjugate)
+    # the kernel reads the gradients through their strides: no copy, whatever their layout
+    grad_q, grad_k = _rope_qk_op(grad_q, grad_k, cos, sin, ctx.interleaved, not ctx.conjugate)
     return grad_q, grad_k, None, None, None, None
 
 
@@ -192,7 +277,8 @@ def rope_qk(q: torch.Tensor, k: torch.Tensor, cos: torch.Tensor, sin: torch.Tens
     (:mod:`posenc.rope` checks shapes before it dispatches here)."""
     cos, sin = _tables(cos, sin)
     q4, k4 = _as_heads_first(q, seq_dim), _as_heads_first(k, seq_dim)
-    q_out, k_out = _rope_qk_op(q4, k4, cos, sin, layout == "interleaved", conjugate)
+    rotate = _rope_qk_impl if _eager_direct(q, k, cos) else _rope_qk_op
+    q_out, k_out = rotate(q4, k4, cos, sin, layout == "interleaved", conjugate)
     if seq_dim == -3:
         q_out, k_out = q_out.transpose(-2, -3), k_out.transpose(-2, -3)
     return q_out.reshape(q.shape), k_out.reshape(k.shape)
@@ -207,7 +293,8 @@ def rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, layout: str = "h
     """One tensor, out of place: :func:`rope_qk` with no keys (the launch covers ``x``'s heads only)."""
     cos, sin = _tables(cos, sin)
     x4 = _as_heads_first(x, seq_dim)
-    out, _ = _rope_qk_op(x4, _no_heads(x4), cos, sin, layout == "interleaved", conjugate)
+    rotate = _rope_qk_impl if _eager_direct(x, cos) else _rope_qk_op
+    out, _ = rotate(x4, _no_heads(x4), cos, sin, layout == "interleaved", conjugate)
     return (out.transpose(-2, -3) if seq_dim == -3 else out).reshape(x.shape)
 
 
@@ -226,6 +313,11 @@ def supports(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> bool:
     if x.ndim > 4 or cos.ndim not in (2, 3) or cos.requires_grad or sin.requires_grad:
         return False
     return cos.ndim == 2 or (x.ndim == 4 and cos.shape[0] in (1, x.shape[0]))
+
+
+def supports_qk(q: torch.Tensor, k: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> bool:
+    """:func:`supports` for a pair rotated in one launch: ``k`` on ``q``'s device, in its dtype, with its rank."""
+    return k.device == q.device and k.dtype == q.dtype and k.ndim == q.ndim and supports(q, cos, sin)
 
 
 def rope_qk_(q: torch.Tensor, k: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, layout: str = "half",

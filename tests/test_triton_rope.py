@@ -4,8 +4,8 @@ kernel on CPU tensors. Against :func:`posenc.rope._rotation_formula`:
 
 * float32 and float64: bit for bit. The kernel computes ``x1 cos - x2 sin`` and ``x2 cos + x1 sin`` as separate
   products and sums, as the formula does, and the interpreter evaluates them with numpy, which never fuses a
-  multiply-add. (On a GPU the compiler may contract ``a * b - c * d`` into one FMA: then the difference is at most
-  one rounding of each product, |error| <= 2 eps (|x1 cos| + |x2 sin|); ``make bench-gpu`` prints it.)
+  multiply-add. On a GPU the launch turns contraction into FMAs off (``enable_fp_fusion=False``), so the same holds
+  there (tests/gpu/test_cuda.py, ``make test-gpu``).
 * float16: bit for bit (numpy rounds float32 to float16 to nearest, as the formula's ``.to`` does).
 * bfloat16: the interpreter has no bfloat16 arithmetic; it stores a float32 value as bfloat16 by dropping the low
   16 bits (rounding toward zero), where a GPU rounds to nearest. So the interpreted kernel's bfloat16 output must
