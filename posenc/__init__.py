@@ -27,8 +27,9 @@ Modules, one concept each, in the order of the chapters:
   pattern of a transformers config;
 * :mod:`posenc.mla`: DeepSeek's multi-head latent attention, why RoPE on the whole key blocks its absorption of
   ``W_UK`` and how the decoupled rope slice restores it (:class:`~posenc.mla.LatentAttention`);
-* :mod:`posenc.transformers_rope`: a transformers causal LM (Llama, Mistral, Qwen2/3, Gemma 2/3, Phi-3, SmolLM3,
-  GPT-NeoX) run with posenc's RoPE, unchanged or with changed tables, pairs or layers (:func:`use_posenc_rope`);
+* :mod:`posenc.transformers_rope`: a transformers model whose attention takes ``(cos, sin)`` (Llama, Mistral, Qwen,
+  Gemma, Phi, Cohere, DeepSeek-V3, ...; decided by structure) run with posenc's RoPE, one instance at a time,
+  unchanged or with changed tables, pairs or layers (:func:`use_posenc_rope`);
 * :mod:`posenc.lab`: the book's plumbing (figures, experiments and their tasks and tables, pretrained embeddings,
   the language-model harness, the geometry of positional distributions); not imported by ``import posenc``.
 

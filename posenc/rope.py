@@ -87,7 +87,7 @@ def rope_angles(positions, inv_freq: torch.Tensor) -> torch.Tensor:
     return positions[..., None].to(device=inv_freq.device, dtype=torch.float32) * inv_freq.float()
 
 
-def rope_cos_sin(positions, inv_freq: torch.Tensor, attention_factor: float = 1.0):
+def rope_cos_sin(positions, inv_freq: torch.Tensor, attention_factor: float = 1.0) -> tuple[torch.Tensor, torch.Tensor]:
     """Half-size float32 tables of :func:`rope_angles`.
 
     Args:
@@ -422,7 +422,7 @@ def _batch_size(x, axis):
 
 
 def rotate(x, positions=None, inv_freq=None, attention_factor: float = 1.0, layout: str = "half", offset=0, *,
-           seq_dim: int | None = None, cu_seqlens=None):
+           seq_dim: int | None = None, cu_seqlens=None) -> torch.Tensor:
     """RoPE in one call: rotate ``x`` at ``positions``.
 
     Args:

@@ -13,9 +13,8 @@ import json
 import time
 from pathlib import Path
 
-import torch
 
-from book.tools.long_context import git_commit
+from posenc.lab.results import provenance
 
 
 def main(argv=None) -> int:
@@ -23,16 +22,15 @@ def main(argv=None) -> int:
     parser.add_argument("--threads", type=int, default=1)
     parser.add_argument("--output", default="posenc/lab/data/todays_models.json")
     args = parser.parse_args(argv)
-    import posenc
     from posenc.lab import hybrid_study
 
     start = time.perf_counter()
     config, runs = hybrid_study.train_study(threads=args.threads)
     seconds = time.perf_counter() - start
+    made = provenance(args.threads, "book.tools.todays_models")  # versions and command as every results file
     record = hybrid_study.results_record(
         config, runs, seconds=round(seconds, 1), machine=hybrid_study.machine(args.threads),
-        versions={"torch": torch.__version__, "posenc": posenc.__version__, "git_commit": git_commit()},
-        command="python -m book.tools.todays_models " + " ".join(argv if argv is not None else __import__("sys").argv[1:]))
+        versions=made["versions"], command=made["command"])
     output = Path(args.output)
     output.parent.mkdir(parents=True, exist_ok=True)
     output.write_text(json.dumps(record, indent=1) + "\n")
