@@ -17,6 +17,7 @@ Two parts, both written to ``_build/bench-gpu.json`` with the date, the GPU and 
 A time budget (``--budget``, default 330 s) keeps the run under six minutes: what does not fit is reported as
 skipped. ``python -m benchmarks.gpu [--quick] [--no-model] [--no-compile] [--budget S] [--output PATH]``.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -32,16 +33,31 @@ import torch
 ROOT = Path(__file__).resolve().parents[1]
 HEAD_DIM = 128
 #: name -> (batch, q heads, kv heads, length)
-SHAPES = {"decode (64, 32+8, 1, 128)": (64, 32, 8, 1),
-          "prefill (1, 32+8, 4096, 128)": (1, 32, 8, 4096),
-          "training (4, 32+8, 8192, 128)": (4, 32, 8, 8192)}
+SHAPES = {
+    "decode (64, 32+8, 1, 128)": (64, 32, 8, 1),
+    "prefill (1, 32+8, 4096, 128)": (1, 32, 8, 4096),
+    "training (4, 32+8, 8192, 128)": (4, 32, 8, 8192),
+}
 QUICK_SHAPES = {"decode (8, 32+8, 1, 128)": (8, 32, 8, 1), "prefill (1, 32+8, 512, 128)": (1, 32, 8, 512)}
 BACKWARD_SHAPES = ("training (4, 32+8, 8192, 128)", "prefill (1, 32+8, 512, 128)")
-LLAMA_1B = dict(vocab_size=128256, hidden_size=2048, intermediate_size=8192, num_hidden_layers=16,
-                num_attention_heads=32, num_key_value_heads=8, head_dim=128, max_position_embeddings=131072,
-                rope_theta=500000.0, rope_scaling={"rope_type": "llama3", "factor": 32.0, "low_freq_factor": 1.0,
-                                                   "high_freq_factor": 4.0,
-                                                   "original_max_position_embeddings": 8192})
+LLAMA_1B = dict(
+    vocab_size=128256,
+    hidden_size=2048,
+    intermediate_size=8192,
+    num_hidden_layers=16,
+    num_attention_heads=32,
+    num_key_value_heads=8,
+    head_dim=128,
+    max_position_embeddings=131072,
+    rope_theta=500000.0,
+    rope_scaling={
+        "rope_type": "llama3",
+        "factor": 32.0,
+        "low_freq_factor": 1.0,
+        "high_freq_factor": 4.0,
+        "original_max_position_embeddings": 8192,
+    },
+)
 
 
 def version(distribution: str) -> str | None:
@@ -71,8 +87,9 @@ def device_ms(function, quick: bool = False) -> tuple[float, str]:
         return float(testing.do_bench_cudagraph(function, rep=10 if quick else 50, return_mode="median")), "cuda graph"
     except Exception:  # not capturable (a host sync, an allocation pattern a graph cannot hold)
         torch.cuda.synchronize()
-        return float(testing.do_bench(function, warmup=5 if quick else 25, rep=20 if quick else 100,
-                                      return_mode="median")), "events"
+        return float(
+            testing.do_bench(function, warmup=5 if quick else 25, rep=20 if quick else 100, return_mode="median")
+        ), "events"
 
 
 def host_us(function, calls: int = 50, rounds: int = 5) -> float:
@@ -100,8 +117,7 @@ def contenders(batch, kv_heads, length, dtype, device, compile_peers: bool = Tru
     inv_freq, _ = posenc.rope_frequencies(HEAD_DIM, device=device)
     positions = torch.arange(length, device=device)
     cos, sin = posenc.rope_cos_sin(positions, inv_freq)
-    found = {"copy": lambda q, k: (q.clone(), k.clone()),
-             "posenc": lambda q, k: posenc.apply_rope_qk(q, k, cos, sin)}
+    found = {"copy": lambda q, k: (q.clone(), k.clone()), "posenc": lambda q, k: posenc.apply_rope_qk(q, k, cos, sin)}
     with contextlib.suppress(ImportError):
         from transformers.models.llama.modeling_llama import apply_rotary_pos_emb
 
@@ -126,15 +142,20 @@ def contenders(batch, kv_heads, length, dtype, device, compile_peers: bool = Tru
             q_flat = q.transpose(1, 2).reshape(batch * length, -1)
             k_flat = k.transpose(1, 2).reshape(batch * length, -1)
             q_rot, k_rot = apply_rope_with_cos_sin_cache(flat_positions, q_flat, k_flat, HEAD_DIM, cache, True)
-            return (q_rot.view(batch, length, -1, HEAD_DIM).transpose(1, 2),
-                    k_rot.view(batch, length, -1, HEAD_DIM).transpose(1, 2))
+            return (
+                q_rot.view(batch, length, -1, HEAD_DIM).transpose(1, 2),
+                k_rot.view(batch, length, -1, HEAD_DIM).transpose(1, 2),
+            )
+
         found["FlashInfer"] = flashinfer
     with contextlib.suppress(ImportError):
         from flash_attn.layers.rotary import apply_rotary_emb
 
         fa_cos, fa_sin = cos.to(dtype), sin.to(dtype)
-        found["flash-attn"] = lambda q, k: (apply_rotary_emb(q.transpose(1, 2), fa_cos, fa_sin).transpose(1, 2),
-                                           apply_rotary_emb(k.transpose(1, 2), fa_cos, fa_sin).transpose(1, 2))
+        found["flash-attn"] = lambda q, k: (
+            apply_rotary_emb(q.transpose(1, 2), fa_cos, fa_sin).transpose(1, 2),
+            apply_rotary_emb(k.transpose(1, 2), fa_cos, fa_sin).transpose(1, 2),
+        )
     return found
 
 
@@ -147,8 +168,9 @@ def float64_reference(x, positions, device):
     return _rotation_formula(x.double(), angles.cos(), angles.sin(), "half")
 
 
-def kernel_rows(name, shape, dtype, device, backward: bool, quick: bool, compile_peers: bool = True,
-                timer=None, host_timer=None) -> dict:
+def kernel_rows(
+    name, shape, dtype, device, backward: bool, quick: bool, compile_peers: bool = True, timer=None, host_timer=None
+) -> dict:
     """One configuration: per contender device ms, host us per eager call, fraction of a copy, max error."""
     timer = timer or (lambda f: device_ms(f, quick))
     host_timer = host_timer or host_us
@@ -163,21 +185,27 @@ def kernel_rows(name, shape, dtype, device, backward: bool, quick: bool, compile
         try:
             if backward:
                 if label == "copy":
-                    call = (lambda: (q.clone(), k.clone()))
+                    call = lambda: (q.clone(), k.clone())
                 else:
                     q_grad, k_grad = q.clone().requires_grad_(), k.clone().requires_grad_()
                     q_out, k_out = rotate(q_grad, k_grad)
                     seeds = (torch.randn_like(q_out), torch.randn_like(k_out))
-                    call = (lambda q_out=q_out, k_out=k_out, q_grad=q_grad, k_grad=k_grad, seeds=seeds:
-                            torch.autograd.grad((q_out, k_out), (q_grad, k_grad), seeds, retain_graph=True))
+                    call = lambda q_out=q_out, k_out=k_out, q_grad=q_grad, k_grad=k_grad, seeds=seeds: (
+                        torch.autograd.grad((q_out, k_out), (q_grad, k_grad), seeds, retain_graph=True)
+                    )
                 error = None
             else:
-                call = (lambda rotate=rotate: rotate(q, k))
+                call = lambda rotate=rotate: rotate(q, k)
                 out = call()[0]
                 error = None if label == "copy" else float((out.double() - reference).abs().max())
             milliseconds, method = timer(call)
-            rows[label] = {"device_us": 1e3 * milliseconds, "timed_by": method, "host_us_per_call": host_timer(call),
-                           "max_abs_error_vs_float64": error, "bytes": moved}
+            rows[label] = {
+                "device_us": 1e3 * milliseconds,
+                "timed_by": method,
+                "host_us_per_call": host_timer(call),
+                "max_abs_error_vs_float64": error,
+                "bytes": moved,
+            }
         except Exception as failure:  # a peer that fails on this shape or dtype is reported, not fatal
             rows[label] = {"error": f"{type(failure).__name__}: {failure}"[:300]}
     copy = rows.get("copy", {}).get("device_us")
@@ -216,9 +244,17 @@ def model_rows(device, quick: bool, budget: Budget, compile_model: bool) -> dict
     model = llama_1b(device, layers=2 if quick else None)
     prefill_tokens = 512 if quick else 8192
     new_tokens = 16 if quick else 64
-    results: dict = {"config": {**LLAMA_1B, "num_hidden_layers": model.config.num_hidden_layers,
-                                "dtype": "bfloat16", "attention": "sdpa", "prefill_tokens": prefill_tokens,
-                                "new_tokens": new_tokens, "prompt_tokens": 128}}
+    results: dict = {
+        "config": {
+            **LLAMA_1B,
+            "num_hidden_layers": model.config.num_hidden_layers,
+            "dtype": "bfloat16",
+            "attention": "sdpa",
+            "prefill_tokens": prefill_tokens,
+            "new_tokens": new_tokens,
+            "prompt_tokens": 128,
+        }
+    }
     generator = torch.Generator(device=device).manual_seed(0)
 
     def prompt(batch, length):
@@ -230,18 +266,18 @@ def model_rows(device, quick: bool, budget: Budget, compile_model: bool) -> dict
         with torch.no_grad():
             model(long_prompt, use_cache=False)  # warm-up
             row["prefill_ms"] = 1e3 * statistics.median(
-                _cuda_seconds(lambda: model(long_prompt, use_cache=False)) for _ in range(3))
+                _cuda_seconds(lambda: model(long_prompt, use_cache=False)) for _ in range(3)
+            )
             for batch in (1, 32):
                 start = prompt(batch, 128)
-                kwargs = dict(max_new_tokens=new_tokens, min_new_tokens=new_tokens, do_sample=False,
-                              pad_token_id=0)
+                kwargs = dict(max_new_tokens=new_tokens, min_new_tokens=new_tokens, do_sample=False, pad_token_id=0)
                 model.generate(start, **{**kwargs, "max_new_tokens": 4, "min_new_tokens": 4})  # warm-up
                 seconds = statistics.median(_cuda_seconds(lambda: model.generate(start, **kwargs)) for _ in range(2))
                 row[f"decode_tokens_per_s_batch_{batch}"] = batch * new_tokens / seconds
         results[label] = row
         print(f"  {label:32s} " + "  ".join(f"{key} {value:,.1f}" for key, value in row.items()), flush=True)
 
-    for compiled in ((False, True) if compile_model else (False,)):
+    for compiled in (False, True) if compile_model else (False,):
         mode = "compiled (static cache)" if compiled else "eager"
         for rope in ("own RoPE", "use_posenc_rope"):
             label = f"{rope}, {mode}"
@@ -254,7 +290,7 @@ def model_rows(device, quick: bool, budget: Budget, compile_model: bool) -> dict
                     torch._dynamo.reset()
                     model.generation_config.cache_implementation = "static"
                     model.forward = torch.compile(model.forward, mode="reduce-overhead")
-                with (posenc.use_posenc_rope(model) if rope == "use_posenc_rope" else contextlib.nullcontext()):
+                with posenc.use_posenc_rope(model) if rope == "use_posenc_rope" else contextlib.nullcontext():
                     measure(label)
             except Exception as failure:
                 results[label] = {"error": f"{type(failure).__name__}: {failure}"[:400]}
@@ -283,22 +319,32 @@ def print_rows(title: str, rows: dict) -> None:
             print(f"  {label:24s} {row['error']}")
             continue
         error = row.get("max_abs_error_vs_float64")
-        print(f"  {label:24s} device {row['device_us']:9.1f} us  host {row['host_us_per_call']:7.1f} us/call  "
-              f"{row.get('fraction_of_copy', float('nan')):5.2f} of a copy"
-              + (f"  max error {error:.2e}" if error is not None else ""), flush=True)
+        print(
+            f"  {label:24s} device {row['device_us']:9.1f} us  host {row['host_us_per_call']:7.1f} us/call  "
+            f"{row.get('fraction_of_copy', float('nan')):5.2f} of a copy"
+            + (f"  max error {error:.2e}" if error is not None else ""),
+            flush=True,
+        )
 
 
 def environment(device) -> dict:
-    return {"date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
-            "device": torch.cuda.get_device_name(device), "capability": list(torch.cuda.get_device_capability(device)),
-            "torch": torch.__version__, "cuda": torch.version.cuda,
-            **{name: version(name) for name in ("triton", "transformers", "liger-kernel", "flashinfer-python",
-                                                "flash-attn")}}
+    return {
+        "date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
+        "device": torch.cuda.get_device_name(device),
+        "capability": list(torch.cuda.get_device_capability(device)),
+        "torch": torch.__version__,
+        "cuda": torch.version.cuda,
+        **{
+            name: version(name)
+            for name in ("triton", "transformers", "liger-kernel", "flashinfer-python", "flash-attn")
+        },
+    }
 
 
 def main(argv=None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m benchmarks.gpu", description=__doc__,
-                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = argparse.ArgumentParser(
+        prog="python -m benchmarks.gpu", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
     parser.add_argument("--quick", action="store_true", help="small shapes, a two-layer model, short timings")
     parser.add_argument("--no-model", action="store_true", help="the kernels only")
     parser.add_argument("--no-compile", action="store_true", help="no torch.compile (peers and the model)")
@@ -315,13 +361,14 @@ def main(argv=None) -> int:
     shapes = QUICK_SHAPES if args.quick else SHAPES
     for name, shape in shapes.items():
         for dtype in (torch.bfloat16, torch.float32):
-            for backward in ((False, True) if name in BACKWARD_SHAPES else (False,)):
+            for backward in (False, True) if name in BACKWARD_SHAPES else (False,):
                 key = f"{name}, {str(dtype).removeprefix('torch.')}, {'backward' if backward else 'forward'}"
                 if budget.left() < (200 if not args.no_model else 20):
                     report["skipped"].append(key)
                     continue
-                report["kernels"][key] = kernel_rows(name, shape, dtype, device, backward, args.quick,
-                                                     compile_peers=not args.no_compile)
+                report["kernels"][key] = kernel_rows(
+                    name, shape, dtype, device, backward, args.quick, compile_peers=not args.no_compile
+                )
                 print_rows(key, report["kernels"][key])
                 torch.cuda.empty_cache()
     if not args.no_model:

@@ -5,6 +5,7 @@ untimed, and returns ``rotate(q, k) -> (q_rot, k_rot)`` for inputs in that libra
 (:data:`SEQUENCE_FIRST` lists the libraries that take ``(B, L, H, D)``; the others take ``(B, H, L, D)``).
 A library that is not installed is reported as missing, never an error.
 """
+
 from __future__ import annotations
 
 import importlib.metadata
@@ -35,8 +36,10 @@ def posenc_tables(head_dim, seq_len, device):
 
 def posenc_rotation(head_dim, seq_len, dtype, device, compiled=False):
     cos, sin = posenc_tables(head_dim, seq_len, device)
-    return lambda q, k: (posenc.apply_rope(q, cos, sin, compiled=compiled),
-                         posenc.apply_rope(k, cos, sin, compiled=compiled))
+    return lambda q, k: (
+        posenc.apply_rope(q, cos, sin, compiled=compiled),
+        posenc.apply_rope(k, cos, sin, compiled=compiled),
+    )
 
 
 def posenc_in_place(head_dim, seq_len, dtype, device, compiled=False):
@@ -49,8 +52,10 @@ def posenc_into(head_dim, seq_len, dtype, device):
     from posenc import rope
 
     cos, sin = posenc_tables(head_dim, seq_len, device)  # (L, D/2): already aligned to any (..., L, D)
-    return lambda q, k, out_q, out_k: (rope._ENGINE.rotate_into(out_q, q, cos, sin, "half"),
-                                       rope._ENGINE.rotate_into(out_k, k, cos, sin, "half"))
+    return lambda q, k, out_q, out_k: (
+        rope._ENGINE.rotate_into(out_q, q, cos, sin, "half"),
+        rope._ENGINE.rotate_into(out_k, k, cos, sin, "half"),
+    )
 
 
 def transformers_rotation(head_dim, seq_len, dtype, device):
@@ -80,6 +85,7 @@ def transformers_decode_step(head_dim, n_heads, dtype, device):
 
     def step(q, k, position, position_ids):
         return apply_rotary_pos_emb(q, k, *rotary(q, position_ids))
+
     return step
 
 
@@ -106,6 +112,7 @@ def torchtune_module():
     does not import (torchtune 0.6 refuses to import without torchao)."""
     try:
         from torchtune.modules import RotaryPositionalEmbeddings
+
         return RotaryPositionalEmbeddings, "package"
     except ImportError:
         spec = importlib.util.find_spec("torchtune")

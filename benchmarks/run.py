@@ -9,7 +9,8 @@ a fraction of the bandwidth of a plain out-of-place copy of q and k); backward a
 also a copy and posenc's kernel writing into buffers that already exist (the difference to the plain copy is the
 cost of a fresh output's memory pages, which every out-of-place operation pays);
 one generation step at (8, 32 + 8 kv, 1, 128), one thread, each sequence at its own position (decode: cos/sin
-and the rotation of q and k, against transformers' LlamaRotaryEmbedding + apply_rotary_pos_emb); a summary in the form of the README's table; bf16 precision against
+and the rotation of q and k, against transformers' LlamaRotaryEmbedding + apply_rotary_pos_emb); a summary in the form
+of the README's table; bf16 precision against
 float64 at positions 0..100 000; the book (each chapter's execution time against its target, "over" where missed,
 never a failure; with ``--book`` also ``make book`` from nothing, timed in a fresh copy); the live redraw time,
 median and slowest run, of every interactive
@@ -19,6 +20,7 @@ GPU is present.
 Usage, from the repository root:
 python -m benchmarks.run [--book] [--quick] [--budget SECONDS] [--output PATH] [--sections LIST]
 """
+
 from __future__ import annotations
 
 import argparse
@@ -54,13 +56,19 @@ def machine() -> dict:
     model = platform.processor() or platform.machine()
     cpuinfo = Path("/proc/cpuinfo")
     if cpuinfo.exists():
-        names = [line.split(":", 1)[1].strip() for line in cpuinfo.read_text().splitlines()
-                 if line.startswith("model name")]
+        names = [
+            line.split(":", 1)[1].strip() for line in cpuinfo.read_text().splitlines() if line.startswith("model name")
+        ]
         model = names[0] if names else model
-    info = {"cpu": model, "cores": os.cpu_count(), "torch_threads": torch.get_num_threads(),
-            "python": platform.python_version(), "torch": torch.__version__,
-            "load_average_at_start": [round(v, 2) for v in os.getloadavg()] if hasattr(os, "getloadavg") else None,
-            "cuda": torch.cuda.get_device_name(0) if torch.cuda.is_available() else None}
+    info = {
+        "cpu": model,
+        "cores": os.cpu_count(),
+        "torch_threads": torch.get_num_threads(),
+        "python": platform.python_version(),
+        "torch": torch.__version__,
+        "load_average_at_start": [round(v, 2) for v in os.getloadavg()] if hasattr(os, "getloadavg") else None,
+        "cuda": torch.cuda.get_device_name(0) if torch.cuda.is_available() else None,
+    }
     for name, (_, distribution) in peers.PEERS.items():
         info[name] = peers.version(distribution)
     if info["torchtune"]:
@@ -83,13 +91,15 @@ def forward_contenders(shape, dtype, device, in_place: bool, available: dict) ->
     if in_place:
         buffers = q.clone(), k.clone()  # rotated again and again: a rotation keeps them bounded
         calls["posenc in-place"] = lambda r=peers.posenc_in_place(head_dim, seq_len, dtype, device): r(*buffers)
-        calls["posenc in-place compiled"] = (
-            lambda r=peers.posenc_in_place(head_dim, seq_len, dtype, device, True): r(*buffers))
+        calls["posenc in-place compiled"] = lambda r=peers.posenc_in_place(head_dim, seq_len, dtype, device, True): r(
+            *buffers
+        )
         # what a fresh output costs: the same two results written into buffers whose pages already exist
         targets = torch.empty_like(q).zero_(), torch.empty_like(k).zero_()
         calls["copy into reused buffers"] = lambda: (targets[0].copy_(q), targets[1].copy_(k))
-        calls["posenc into reused buffers"] = (
-            lambda r=peers.posenc_into(head_dim, seq_len, dtype, device): r(q, k, *targets))
+        calls["posenc into reused buffers"] = lambda r=peers.posenc_into(head_dim, seq_len, dtype, device): r(
+            q, k, *targets
+        )
     checks = {}
     for name, builder in available.items():
         rotate = builder(head_dim, seq_len, dtype, device)
@@ -97,7 +107,8 @@ def forward_contenders(shape, dtype, device, in_place: bool, available: dict) ->
         calls[name] = lambda rotate=rotate, native=native: rotate(*native)
         layout = "interleaved" if name in peers.INTERLEAVED else "half"
         checks[name] = lambda out, name=name, layout=layout: _max_difference(
-            peers.native_layout(name, out[0]), expected[layout])
+            peers.native_layout(name, out[0]), expected[layout]
+        )
     checks["posenc compiled"] = lambda out: _max_difference(out[0], expected["half"])
     return calls, checks
 
@@ -134,15 +145,26 @@ def summary(times, shape, dtype, device, first_call, differences, caught, refere
     rows = []
     for name, samples in times.items():
         median = sorted(samples)[len(samples) // 2]
-        rows.append({
-            "contender": name, "median_ms": round(1e3 * median, 2), "GB_per_s": round(nbytes / median / 1e9, 2),
-            "vs_posenc": round(median_ratio(times[reference], samples), 3),
-            "fraction_of_copy": round(median_ratio(times["copy"], samples), 3),
-            "first_call_s": round(first_call.get(name, 0.0), 2),
-            "max_diff_vs_posenc": None if name not in differences else round(differences[name], 5),
-        })
-    return {"device": str(device), "dtype": str(dtype).replace("torch.", ""), "shape": list(shape),
-            "rounds": len(times[reference]), "rows": rows, "warnings": caught, "times_s": times}
+        rows.append(
+            {
+                "contender": name,
+                "median_ms": round(1e3 * median, 2),
+                "GB_per_s": round(nbytes / median / 1e9, 2),
+                "vs_posenc": round(median_ratio(times[reference], samples), 3),
+                "fraction_of_copy": round(median_ratio(times["copy"], samples), 3),
+                "first_call_s": round(first_call.get(name, 0.0), 2),
+                "max_diff_vs_posenc": None if name not in differences else round(differences[name], 5),
+            }
+        )
+    return {
+        "device": str(device),
+        "dtype": str(dtype).replace("torch.", ""),
+        "shape": list(shape),
+        "rounds": len(times[reference]),
+        "rows": rows,
+        "warnings": caught,
+        "times_s": times,
+    }
 
 
 def forward_section(device, shapes, budget, available) -> list:
@@ -164,8 +186,10 @@ def backward_section(shapes, budget, available) -> list:
         generator = torch.Generator().manual_seed(1)
         q, k = torch.randn(shape, generator=generator), torch.randn(shape, generator=generator)
         grads = torch.randn(shape, generator=generator), torch.randn(shape, generator=generator)
-        rotations = {"posenc": peers.posenc_rotation(head_dim, seq_len, dtype, device),
-                     "posenc compiled": peers.posenc_rotation(head_dim, seq_len, dtype, device, True)}
+        rotations = {
+            "posenc": peers.posenc_rotation(head_dim, seq_len, dtype, device),
+            "posenc compiled": peers.posenc_rotation(head_dim, seq_len, dtype, device, True),
+        }
         rotations.update({name: b(head_dim, seq_len, dtype, device) for name, b in available.items()})
 
         def prepare(name, rotate):
@@ -174,6 +198,7 @@ def backward_section(shapes, budget, available) -> list:
                 outputs = rotate(*leaves)
                 upstream = [peers.native_layout(name, g) for g in grads]
                 return lambda: torch.autograd.grad(outputs, leaves, upstream)
+
             return forward_then_backward
 
         calls = {"copy": lambda: (q.clone(), k.clone())}
@@ -191,8 +216,9 @@ def backward_section(shapes, budget, available) -> list:
     return results
 
 
-def decode_section(budget, available, shape=DECODE_SHAPE, steps: int = DECODE_STEPS,
-                   kv_heads: int = DECODE_KV_HEADS) -> list:
+def decode_section(
+    budget, available, shape=DECODE_SHAPE, steps: int = DECODE_STEPS, kv_heads: int = DECODE_KV_HEADS
+) -> list:
     """CPU: one generation step, q ``shape`` and k with ``kv_heads`` heads (GQA) of one new token per sequence,
     each sequence at its own position (``1000 + 37 b + step``: batched decoding of sequences of different lengths).
 
@@ -212,18 +238,22 @@ def decode_section(budget, available, shape=DECODE_SHAPE, steps: int = DECODE_ST
         k = torch.randn((batch, kv_heads, *shape[2:]), generator=generator).to(dtype)
         starts = [1000 + 37 * torch.arange(batch) + s for s in range(steps)]  # (B,): each sequence elsewhere
         ids = [start[:, None] for start in starts]
-        builders = {"transformers": peers.transformers_decode_step(head_dim, n_heads, dtype, device),
-                    "posenc (per-sequence offsets)": peers.posenc_decode_step(head_dim, n_heads, dtype, device,
-                                                                              "offset"),
-                    "posenc (position ids)": peers.posenc_decode_step(head_dim, n_heads, dtype, device, "positions")}
+        builders = {
+            "transformers": peers.transformers_decode_step(head_dim, n_heads, dtype, device),
+            "posenc (per-sequence offsets)": peers.posenc_decode_step(head_dim, n_heads, dtype, device, "offset"),
+            "posenc (position ids)": peers.posenc_decode_step(head_dim, n_heads, dtype, device, "positions"),
+        }
         expected = builders["transformers"](q, k, starts[0], ids[0])
-        differences = {name: max(_max_difference(o, e) for o, e in zip(step(q, k, starts[0], ids[0]), expected))
-                       for name, step in builders.items()}
+        differences = {
+            name: max(_max_difference(o, e) for o, e in zip(step(q, k, starts[0], ids[0]), expected))
+            for name, step in builders.items()
+        }
 
         def run(step):
             def many():
                 for s in range(steps):
                     step(q, k, starts[s], ids[s])
+
             return many
 
         calls = {name: run(step) for name, step in builders.items()}
@@ -234,17 +264,34 @@ def decode_section(budget, available, shape=DECODE_SHAPE, steps: int = DECODE_ST
         rows = []
         for name, samples in times.items():
             median = sorted(samples)[len(samples) // 2]
-            rows.append({"contender": name, "us_per_step": round(1e6 * median / steps, 1),
-                         "vs_transformers": round(median_ratio(times["transformers"], samples), 3),
-                         "max_diff_vs_transformers": round(differences[name], 6)})
-        results.append({"device": "cpu", "dtype": str(dtype).replace("torch.", ""), "shape": list(shape),
-                        "kv_heads": kv_heads, "threads": torch.get_num_threads(),
-                        "steps_per_sample": steps, "rounds": len(times["transformers"]), "rows": rows,
-                        "times_s": times})
-        print_table(f"decode step, cpu, {results[-1]['dtype']}, q {tuple(shape)}, {kv_heads} kv heads, each sequence "
-                    f"at its own position, {torch.get_num_threads()} thread(s), {steps} steps per sample  "
-                    f"[{results[-1]['rounds']} interleaved rounds]",
-                    ["contender", "us_per_step", "vs_transformers", "max_diff_vs_transformers"], rows)
+            rows.append(
+                {
+                    "contender": name,
+                    "us_per_step": round(1e6 * median / steps, 1),
+                    "vs_transformers": round(median_ratio(times["transformers"], samples), 3),
+                    "max_diff_vs_transformers": round(differences[name], 6),
+                }
+            )
+        results.append(
+            {
+                "device": "cpu",
+                "dtype": str(dtype).replace("torch.", ""),
+                "shape": list(shape),
+                "kv_heads": kv_heads,
+                "threads": torch.get_num_threads(),
+                "steps_per_sample": steps,
+                "rounds": len(times["transformers"]),
+                "rows": rows,
+                "times_s": times,
+            }
+        )
+        print_table(
+            f"decode step, cpu, {results[-1]['dtype']}, q {tuple(shape)}, {kv_heads} kv heads, each sequence "
+            f"at its own position, {torch.get_num_threads()} thread(s), {steps} steps per sample  "
+            f"[{results[-1]['rounds']} interleaved rounds]",
+            ["contender", "us_per_step", "vs_transformers", "max_diff_vs_transformers"],
+            rows,
+        )
     return results
 
 
@@ -255,7 +302,7 @@ def float64_rotation(x: torch.Tensor, positions: torch.Tensor, base: float = 10_
     inv_freq = base ** -(torch.arange(0, head_dim, 2, dtype=torch.float64) / head_dim)
     angles = positions.double()[:, None] * inv_freq
     cos, sin = angles.cos(), angles.sin()
-    x1, x2 = x.double()[..., : head_dim // 2], x.double()[..., head_dim // 2:]
+    x1, x2 = x.double()[..., : head_dim // 2], x.double()[..., head_dim // 2 :]
     return torch.cat((x1 * cos - x2 * sin, x2 * cos + x1 * sin), dim=-1)
 
 
@@ -267,8 +314,10 @@ def precision_section(available, n_positions: int = PRECISION_POSITIONS) -> list
     exact = float64_rotation(x, torch.arange(n_positions))
     to_half = posenc.interleaved_to_half_permutation(head_dim)
     to_interleaved = torch.argsort(to_half)
-    rotations = {"posenc": peers.posenc_rotation(head_dim, n_positions, torch.bfloat16, "cpu"),
-                 "posenc compiled": peers.posenc_rotation(head_dim, n_positions, torch.bfloat16, "cpu", True)}
+    rotations = {
+        "posenc": peers.posenc_rotation(head_dim, n_positions, torch.bfloat16, "cpu"),
+        "posenc compiled": peers.posenc_rotation(head_dim, n_positions, torch.bfloat16, "cpu", True),
+    }
     rotations.update({name: b(head_dim, n_positions, torch.bfloat16, "cpu") for name, b in available.items()})
     rows = []
     for name, rotate in rotations.items():
@@ -276,14 +325,29 @@ def precision_section(available, n_positions: int = PRECISION_POSITIONS) -> list
         native = peers.native_layout(name, x[..., to_interleaved] if interleaved else x)
         out = peers.native_layout(name, rotate(native, native)[0])  # back to (B, H, L, D)
         error = (out[..., to_half] if interleaved else out).double().sub(exact).abs()
-        rows.append({"contender": name, "max_error": float(error.max()), "mean_error": float(error.mean()),
-                     "max_error_first_4096": float(error[..., :4096, :].max())})
+        rows.append(
+            {
+                "contender": name,
+                "max_error": float(error.max()),
+                "mean_error": float(error.mean()),
+                "max_error_first_4096": float(error[..., :4096, :].max()),
+            }
+        )
     floor = (exact.bfloat16().double() - exact).abs()  # rounding the exact result to bf16: no output does better
-    rows.append({"contender": "exact result rounded to bf16", "max_error": float(floor.max()),
-                 "mean_error": float(floor.mean()), "max_error_first_4096": float(floor[..., :4096, :].max())})
-    print_table(f"precision: bf16 x (1, 1, {n_positions}, {head_dim}), positions 0..{n_positions - 1}, "
-                "absolute error against float64", ["contender", "max_error", "mean_error", "max_error_first_4096"],
-                rows)
+    rows.append(
+        {
+            "contender": "exact result rounded to bf16",
+            "max_error": float(floor.max()),
+            "mean_error": float(floor.mean()),
+            "max_error_first_4096": float(floor[..., :4096, :].max()),
+        }
+    )
+    print_table(
+        f"precision: bf16 x (1, 1, {n_positions}, {head_dim}), positions 0..{n_positions - 1}, "
+        "absolute error against float64",
+        ["contender", "max_error", "mean_error", "max_error_first_4096"],
+        rows,
+    )
     return rows
 
 
@@ -298,18 +362,30 @@ def chapter_times(times_file: Path) -> dict:
     chapters = {}
     for name, record in sorted(records.items()):
         seconds, target = record.get("seconds"), target_seconds(name)
-        chapters[Path(name).stem] = {"seconds": seconds, "target": target, "ok": record.get("ok"),
-                                     "over_target": seconds is not None and seconds > target}
-    return {"measured": True, "source": str(times_file.relative_to(ROOT)) if times_file.is_relative_to(ROOT)
-            else str(times_file), "chapters": chapters,
-            "sum_seconds": round(sum(c["seconds"] or 0 for c in chapters.values()), 1),
-            "over_target": [name for name, c in chapters.items() if c["over_target"]]}
+        chapters[Path(name).stem] = {
+            "seconds": seconds,
+            "target": target,
+            "ok": record.get("ok"),
+            "over_target": seconds is not None and seconds > target,
+        }
+    return {
+        "measured": True,
+        "source": str(times_file.relative_to(ROOT)) if times_file.is_relative_to(ROOT) else str(times_file),
+        "chapters": chapters,
+        "sum_seconds": round(sum(c["seconds"] or 0 for c in chapters.values()), 1),
+        "over_target": [name for name, c in chapters.items() if c["over_target"]],
+    }
 
 
 def clean_book_build() -> dict:
     """``make book`` in a fresh copy of the working tree (so the shared _build is left alone), timed."""
-    files = subprocess.run(["git", "ls-files", "-co", "--exclude-standard", "-z"], cwd=ROOT, check=True,
-                           capture_output=True).stdout.decode().split("\0")
+    files = (
+        subprocess.run(
+            ["git", "ls-files", "-co", "--exclude-standard", "-z"], cwd=ROOT, check=True, capture_output=True
+        )
+        .stdout.decode()
+        .split("\0")
+    )
     with tempfile.TemporaryDirectory(prefix="posenc-book-") as tmp:
         copy = Path(tmp) / "book"
         for name in filter(None, files):
@@ -318,8 +394,10 @@ def clean_book_build() -> dict:
                 (copy / name).parent.mkdir(parents=True, exist_ok=True)
                 shutil.copy2(source, copy / name)
         (copy / ".venv").symlink_to(ROOT / ".venv")  # the installed environment, not a new install
-        print("\nbook: `make book` from nothing (no _build: model cache, every chapter, the HTML) in a fresh copy ...",
-              flush=True)
+        print(
+            "\nbook: `make book` from nothing (no _build: model cache, every chapter, the HTML) in a fresh copy ...",
+            flush=True,
+        )
         start = time.perf_counter()
         # the copy's posenc and tools, not the venv's editable install of this tree: its kernels write the figure
         # files and the model cache into the copy's _build, from nothing
@@ -327,20 +405,28 @@ def clean_book_build() -> dict:
         for name in ("POSENC_FRAMES_DIR", "POSENC_CACHE_DIR"):
             env.pop(name, None)
         # -o: the shared venv's install stamp is taken as up to date (the copy's files must not reinstall it)
-        result = subprocess.run(["make", "book", "-o", ".venv/.installed-stamp"], cwd=copy, capture_output=True,
-                                text=True, env=env)
+        result = subprocess.run(
+            ["make", "book", "-o", ".venv/.installed-stamp"], cwd=copy, capture_output=True, text=True, env=env
+        )
         seconds = time.perf_counter() - start
         chapters = chapter_times(copy / "_build" / "executed" / "times.json")
         chapters.pop("source", None)
-        return {"seconds": round(seconds, 1), "ok": result.returncode == 0, "chapters": chapters,
-                "load_average_at_end": [round(v, 2) for v in os.getloadavg()] if hasattr(os, "getloadavg") else None,
-                "tail": result.stdout[-2000:] + result.stderr[-2000:] if result.returncode else ""}
+        return {
+            "seconds": round(seconds, 1),
+            "ok": result.returncode == 0,
+            "chapters": chapters,
+            "load_average_at_end": [round(v, 2) for v in os.getloadavg()] if hasattr(os, "getloadavg") else None,
+            "tail": result.stdout[-2000:] + result.stderr[-2000:] if result.returncode else "",
+        }
 
 
 def book_section(run_book: bool) -> dict:
     section = {"chapters": chapter_times(ROOT / "_build" / "executed" / "times.json")}
-    section["clean_make_book"] = clean_book_build() if run_book else {
-        "measured": False, "note": "not run: pass --book (a clean make book takes minutes)"}
+    section["clean_make_book"] = (
+        clean_book_build()
+        if run_book
+        else {"measured": False, "note": "not run: pass --book (a clean make book takes minutes)"}
+    )
     print_book(section)
     return section
 
@@ -356,10 +442,8 @@ def redraw_section(names=(), log_dir: Path | None = None) -> dict:
     (after one untimed redraw that lays it out) and logs them. ``log_dir`` keeps the logs (default: a temporary
     directory).
     """
-    from posenc.lab.interactive import REDRAW_LOG_ENV
 
-    notebooks = sorted(p for p in (ROOT / "notebooks").glob("*.ipynb")
-                       if not names or any(n in p.stem for n in names))
+    notebooks = sorted(p for p in (ROOT / "notebooks").glob("*.ipynb") if not names or any(n in p.stem for n in names))
     rows, chapters = [], {}
     with tempfile.TemporaryDirectory() as scratch:
         logs = Path(log_dir or scratch)
@@ -370,31 +454,52 @@ def redraw_section(names=(), log_dir: Path | None = None) -> dict:
             start = time.perf_counter()
             errors = execute_for_redraws(notebook, log)
             records = [json.loads(line) for line in log.read_text().splitlines()] if log.exists() else []
-            chapters[notebook.stem] = {"ok": not errors, "figures": len(records), "errors": errors,
-                                       "seconds": round(time.perf_counter() - start, 1)}
+            chapters[notebook.stem] = {
+                "ok": not errors,
+                "figures": len(records),
+                "errors": errors,
+                "seconds": round(time.perf_counter() - start, 1),
+            }
             for number, record in enumerate(records, 1):
-                rows.append({"chapter": notebook.stem[:2], "figure": number, "caption": record["caption"][:60],
-                             "axes": record["axes"], "runs": len(record.get("times_ms", [])),
-                             "median_ms": record["median_ms"], "slowest_ms": record["max_ms"],
-                             "cpu_ms": record["median_cpu_ms"], "slowest_cpu_ms": record.get("max_cpu_ms"),
-                             "load": record["load_average"],
-                             "under_100_ms": record["median_ms"] <= 1e3 * SLIDER_LIMIT_SECONDS,
-                             "slowest_under_100_ms": record["max_ms"] <= 1e3 * SLIDER_LIMIT_SECONDS,
-                             "cpu_under_100_ms": record["median_cpu_ms"] <= 1e3 * SLIDER_LIMIT_SECONDS})
+                rows.append(
+                    {
+                        "chapter": notebook.stem[:2],
+                        "figure": number,
+                        "caption": record["caption"][:60],
+                        "axes": record["axes"],
+                        "runs": len(record.get("times_ms", [])),
+                        "median_ms": record["median_ms"],
+                        "slowest_ms": record["max_ms"],
+                        "cpu_ms": record["median_cpu_ms"],
+                        "slowest_cpu_ms": record.get("max_cpu_ms"),
+                        "load": record["load_average"],
+                        "under_100_ms": record["median_ms"] <= 1e3 * SLIDER_LIMIT_SECONDS,
+                        "slowest_under_100_ms": record["max_ms"] <= 1e3 * SLIDER_LIMIT_SECONDS,
+                        "cpu_under_100_ms": record["median_cpu_ms"] <= 1e3 * SLIDER_LIMIT_SECONDS,
+                    }
+                )
             status = "ok" if not errors else "errors in cells " + ", ".join(str(e["cell"]) for e in errors)
-            print(f"  {notebook.stem}: {len(records)} interactive figures, {status} "
-                  f"({chapters[notebook.stem]['seconds']} s)", flush=True)
+            print(
+                f"  {notebook.stem}: {len(records)} interactive figures, {status} "
+                f"({chapters[notebook.stem]['seconds']} s)",
+                flush=True,
+            )
     columns = ["chapter", "figure", "caption", "axes", "runs", "median_ms", "slowest_ms", "cpu_ms"]
     if any(r["slowest_cpu_ms"] is not None for r in rows):
         columns.append("slowest_cpu_ms")
-    print_table("live slider: one redraw (draw + PNG) of every interactive figure, median and slowest of the runs",
-                columns + ["load", "under_100_ms", "cpu_under_100_ms"], rows)
+    print_table(
+        "live slider: one redraw (draw + PNG) of every interactive figure, median and slowest of the runs",
+        columns + ["load", "under_100_ms", "cpu_under_100_ms"],
+        rows,
+    )
     slow = [r for r in rows if not r["under_100_ms"]]
     slowest = [r for r in rows if not r["slowest_under_100_ms"]]
     slow_cpu = [r for r in rows if not r["cpu_under_100_ms"]]
-    print(f"  {len(rows)} figures: {len(slow)} over {1e3 * SLIDER_LIMIT_SECONDS:.0f} ms of wall time at the median, "
-          f"{len(slowest)} in their slowest run, {len(slow_cpu)} at the median in CPU time (cpu_ms: the process time "
-          "of a redraw; wall time also counts waits for a busy core)")
+    print(
+        f"  {len(rows)} figures: {len(slow)} over {1e3 * SLIDER_LIMIT_SECONDS:.0f} ms of wall time at the median, "
+        f"{len(slowest)} in their slowest run, {len(slow_cpu)} at the median in CPU time (cpu_ms: the process time "
+        "of a redraw; wall time also counts waits for a busy core)"
+    )
     return {"limit_ms": 1e3 * SLIDER_LIMIT_SECONDS, "figures": rows, "chapters": chapters}
 
 
@@ -410,18 +515,28 @@ def execute_for_redraws(notebook: Path, log: Path) -> list:
 
     env = {**kernel_env("live", 1), REDRAW_LOG_ENV: str(log), "PYTHONPATH": str(ROOT)}
     nb = nbformat.read(notebook, as_version=4)
-    client = NotebookClient(nb, timeout=hang_guard_seconds(notebook), kernel_name="python3",
-                            config=kernel_config(), allow_errors=True,
-                            resources={"metadata": {"path": str(notebook.parent)}})
+    client = NotebookClient(
+        nb,
+        timeout=hang_guard_seconds(notebook),
+        kernel_name="python3",
+        config=kernel_config(),
+        allow_errors=True,
+        resources={"metadata": {"path": str(notebook.parent)}},
+    )
     client.execute(env=env)
-    return [{"cell": i, "error": f"{o.get('ename')}: {o.get('evalue', '')[:200]}"}
-            for i, cell in enumerate(nb.cells) if cell.cell_type == "code"
-            for o in cell.get("outputs", []) if o.get("output_type") == "error"]
+    return [
+        {"cell": i, "error": f"{o.get('ename')}: {o.get('evalue', '')[:200]}"}
+        for i, cell in enumerate(nb.cells)
+        if cell.cell_type == "code"
+        for o in cell.get("outputs", [])
+        if o.get("output_type") == "error"
+    ]
 
 
 # ----------------------------------------------------------------------------------------------- summary
 def issue_table(report: dict) -> list:
     """The headline figures: posenc's default path, compiled=True and transformers, as fractions of a copy."""
+
     def row_of(result, name):
         return next((r for r in result["rows"] if r["contender"] == name), None)
 
@@ -432,29 +547,45 @@ def issue_table(report: dict) -> list:
             mine, fused, hf = row_of(result, name), row_of(result, compiled), row_of(result, "transformers")
             if mine is None:
                 continue
-            rows.append({"case": f"{'in place, ' if 'in-place' in name else ''}{result['dtype']} "
-                                 f"{tuple(result['shape'])}, fraction of copy",
-                         "posenc default": mine["fraction_of_copy"],
-                         "compiled=True": fused["fraction_of_copy"] if fused else None,
-                         "transformers eager": hf["fraction_of_copy"] if hf and "in-place" not in name else None,
-                         "default vs transformers": round(1 / hf["vs_posenc"], 2) if hf and "in-place" not in name
-                         else None})
+            rows.append(
+                {
+                    "case": f"{'in place, ' if 'in-place' in name else ''}{result['dtype']} "
+                    f"{tuple(result['shape'])}, fraction of copy",
+                    "posenc default": mine["fraction_of_copy"],
+                    "compiled=True": fused["fraction_of_copy"] if fused else None,
+                    "transformers eager": hf["fraction_of_copy"] if hf and "in-place" not in name else None,
+                    "default vs transformers": round(1 / hf["vs_posenc"], 2) if hf and "in-place" not in name else None,
+                }
+            )
     for result in report.get("decode_cpu", []):
         hf = row_of(result, "transformers")
         for name in ("posenc (per-sequence offsets)", "posenc (position ids)"):
             mine = row_of(result, name)
-            rows.append({"case": f"decode step ({name[8:-1]}), {result['dtype']} {tuple(result['shape'])}, "
-                                 f"us per step (transformers {hf['us_per_step']})",
-                         "posenc default": mine["us_per_step"], "default vs transformers": mine["vs_transformers"]})
+            rows.append(
+                {
+                    "case": f"decode step ({name[8:-1]}), {result['dtype']} {tuple(result['shape'])}, "
+                    f"us per step (transformers {hf['us_per_step']})",
+                    "posenc default": mine["us_per_step"],
+                    "default vs transformers": mine["vs_transformers"],
+                }
+            )
     for result in report.get("backward_cpu", []):
         mine, fused, hf = (row_of(result, n) for n in ("posenc", "posenc compiled", "transformers"))
-        rows.append({"case": f"backward, {result['dtype']} {tuple(result['shape'])}, fraction of copy",
-                     "posenc default": mine["fraction_of_copy"], "compiled=True": fused["fraction_of_copy"],
-                     "transformers eager": hf["fraction_of_copy"] if hf else None,
-                     "default vs transformers": round(1 / hf["vs_posenc"], 2) if hf else None})
-    print_table("summary (fractions of a plain copy of q and k; last column: speed of posenc's default path "
-                "relative to transformers)", ["case", "posenc default", "compiled=True", "transformers eager",
-                                              "default vs transformers"], rows)
+        rows.append(
+            {
+                "case": f"backward, {result['dtype']} {tuple(result['shape'])}, fraction of copy",
+                "posenc default": mine["fraction_of_copy"],
+                "compiled=True": fused["fraction_of_copy"],
+                "transformers eager": hf["fraction_of_copy"] if hf else None,
+                "default vs transformers": round(1 / hf["vs_posenc"], 2) if hf else None,
+            }
+        )
+    print_table(
+        "summary (fractions of a plain copy of q and k; last column: speed of posenc's default path "
+        "relative to transformers)",
+        ["case", "posenc default", "compiled=True", "transformers eager", "default vs transformers"],
+        rows,
+    )
     return rows
 
 
@@ -475,20 +606,32 @@ def print_table(title: str, columns: list[str], rows: list[dict]) -> None:
 
 
 def print_speed(title: str, result: dict) -> None:
-    print_table(f"{title}  [{result['rounds']} interleaved rounds]",
-                ["contender", "median_ms", "GB_per_s", "vs_posenc", "fraction_of_copy", "first_call_s",
-                 "max_diff_vs_posenc"], result["rows"])
+    print_table(
+        f"{title}  [{result['rounds']} interleaved rounds]",
+        ["contender", "median_ms", "GB_per_s", "vs_posenc", "fraction_of_copy", "first_call_s", "max_diff_vs_posenc"],
+        result["rows"],
+    )
     for warning in result["warnings"]:
         print(f"  warning: {warning}")
 
 
 def print_chapters(title: str, chapters: dict) -> None:
-    rows = [{"chapter": n, "seconds": c["seconds"], "target": c.get("target"),
-             "over": "over" if c.get("over_target") else "", "ok": c["ok"]} for n, c in chapters["chapters"].items()]
+    rows = [
+        {
+            "chapter": n,
+            "seconds": c["seconds"],
+            "target": c.get("target"),
+            "over": "over" if c.get("over_target") else "",
+            "ok": c["ok"],
+        }
+        for n, c in chapters["chapters"].items()
+    ]
     print_table(title, ["chapter", "seconds", "target", "over", "ok"], rows)
-    print(f"  sum {chapters['sum_seconds']} s (run_notebooks.py runs two chapters at a time); "
-          f"{len(chapters['over_target'])} of {len(rows)} over target "
-          "(targets: idle 2 cores; reported, never enforced)")
+    print(
+        f"  sum {chapters['sum_seconds']} s (run_notebooks.py runs two chapters at a time); "
+        f"{len(chapters['over_target'])} of {len(rows)} over target "
+        "(targets: idle 2 cores; reported, never enforced)"
+    )
 
 
 def print_book(section: dict) -> None:
@@ -501,8 +644,10 @@ def print_book(section: dict) -> None:
     if "seconds" in build:
         if build["chapters"].get("measured"):
             print_chapters("book: chapter times of that clean make book", build["chapters"])
-        print(f"  clean make book (from nothing): {build['seconds']} s, {'ok' if build['ok'] else 'FAILED'} "
-              f"(load average at the end {build.get('load_average_at_end')})")
+        print(
+            f"  clean make book (from nothing): {build['seconds']} s, {'ok' if build['ok'] else 'FAILED'} "
+            f"(load average at the end {build.get('load_average_at_end')})"
+        )
         if not build["ok"]:
             print(build["tail"])
     else:
@@ -511,17 +656,26 @@ def print_book(section: dict) -> None:
 
 # ----------------------------------------------------------------------------------------------- main
 def main() -> int:
-    parser = argparse.ArgumentParser(prog="python -m benchmarks.run", description=__doc__,
-                                     formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--book", action="store_true",
-                        help="also time `make book` from nothing, in a fresh copy of the tree (minutes)")
+    parser = argparse.ArgumentParser(
+        prog="python -m benchmarks.run", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
+    parser.add_argument(
+        "--book", action="store_true", help="also time `make book` from nothing, in a fresh copy of the tree (minutes)"
+    )
     parser.add_argument("--quick", action="store_true", help="small shapes, few rounds: a smoke test")
     parser.add_argument("--budget", type=float, default=None, help="seconds of timing per configuration")
     parser.add_argument("--output", type=Path, default=ROOT / "_build" / "bench.json")
-    parser.add_argument("--sections", default="forward,decode,backward,precision,book,redraw",
-                        help="comma-separated subset of forward,decode,backward,precision,book,redraw")
-    parser.add_argument("--redraw-logs", type=Path, default=ROOT / "_build" / "redraw",
-                        help="where the per-chapter redraw logs are kept")
+    parser.add_argument(
+        "--sections",
+        default="forward,decode,backward,precision,book,redraw",
+        help="comma-separated subset of forward,decode,backward,precision,book,redraw",
+    )
+    parser.add_argument(
+        "--redraw-logs",
+        type=Path,
+        default=ROOT / "_build" / "redraw",
+        help="where the per-chapter redraw logs are kept",
+    )
     args = parser.parse_args()
     sections = set(args.sections.split(","))
     torch.manual_seed(0)
@@ -559,8 +713,9 @@ def main() -> int:
     else:
         report["forward_cuda"] = {"measured": False, "note": "no CUDA device"}
         print("\nCUDA: no device, skipped")
-    report["machine"]["load_average_at_end"] = [round(v, 2) for v in os.getloadavg()] if hasattr(
-        os, "getloadavg") else None
+    report["machine"]["load_average_at_end"] = (
+        [round(v, 2) for v in os.getloadavg()] if hasattr(os, "getloadavg") else None
+    )
     report["seconds"] = round(time.perf_counter() - start, 1)
     args.output.parent.mkdir(parents=True, exist_ok=True)
     args.output.write_text(json.dumps(report, indent=1))

@@ -45,47 +45,124 @@ book-wide: ``generators as gens``, ``tables as fmt``, ``tasks as order_tasks``, 
 ``context_extension as ext``, ``language_model as lm_tools``. The one exception: the figure helpers,
 ``from posenc.lab.interactive import interactive_figure, show_figure``.
 """
-from . import (absolute, alibi, context_extension, data_dependent, encodings, generators, group_encodings, jordan,
-               learned_generators, multihead, nd_rope, rope, rope_analysis, rope_types)
-from .absolute import (LearnedInput, LearnedPositionalEmbedding, SinusoidalInput, binary_encoding,
-                       consecutive_distances, integer_encoding, sinusoidal_dot_product, sinusoidal_encoding,
-                       sinusoidal_frequencies)
-from .encodings import KINDS, NoPE, PositionalEncoding
-from .multihead import attention, causal_mask, merge_heads, self_attention, split_heads
-from .rope_types import (ROPE_FREQUENCY_FUNCTIONS, ROPE_TYPES, check_rope_parameters, rope_frequencies,
-                               rope_parameters_from_config)
-from .rope import (RotaryEmbedding, apply_rope, apply_rope_, apply_rope_qk, interleaved_to_half_permutation, pair_indices,
-                   permute_qk_weight, rope_angles, rope_cos_sin, rope_matrix, rotate)
+
+from . import (
+    absolute,
+    alibi,
+    context_extension,
+    data_dependent,
+    encodings,
+    generators,
+    group_encodings,
+    jordan,
+    layer_patterns,
+    learned_generators,
+    mla,
+    multihead,
+    nd_rope,
+    rope,
+    rope_analysis,
+    rope_types,
+    transformers_rope,
+    xpos,
+)
+from .absolute import (
+    LearnedInput,
+    LearnedPositionalEmbedding,
+    SinusoidalInput,
+    binary_encoding,
+    consecutive_distances,
+    integer_encoding,
+    sinusoidal_dot_product,
+    sinusoidal_encoding,
+    sinusoidal_frequencies,
+)
 from .alibi import ALiBi, alibi_bias, alibi_slopes
-from .nd_rope import NDRoPE
-from . import xpos
-from .xpos import XPos
+from .data_dependent import CoPE, FoX, PaTH
+from .encodings import KINDS, NoPE, PositionalEncoding
 from .group_encodings import GroupEncoding, MultiGroupEncoding
 from .learned_generators import CayleySTRING, ComRoPE, LieRE
-from .data_dependent import CoPE, FoX, PaTH
-from . import layer_patterns, mla, transformers_rope
+from .multihead import attention, causal_mask, merge_heads, self_attention, split_heads
+from .nd_rope import NDRoPE
+from .rope import (
+    RotaryEmbedding,
+    apply_rope,
+    apply_rope_,
+    apply_rope_qk,
+    interleaved_to_half_permutation,
+    pair_indices,
+    permute_qk_weight,
+    rope_angles,
+    rope_cos_sin,
+    rope_matrix,
+    rotate,
+)
+from .rope_types import (
+    ROPE_FREQUENCY_FUNCTIONS,
+    ROPE_TYPES,
+    check_rope_parameters,
+    rope_frequencies,
+    rope_parameters_from_config,
+)
 from .transformers_rope import use_posenc_rope
+from .xpos import XPos
 
 __version__ = "0.1.0"
 
 __all__ = [
     # absolute encodings (chapters 2 to 4)
-    "integer_encoding", "binary_encoding", "sinusoidal_frequencies", "sinusoidal_encoding", "sinusoidal_dot_product",
-    "consecutive_distances", "LearnedPositionalEmbedding",
+    "integer_encoding",
+    "binary_encoding",
+    "sinusoidal_frequencies",
+    "sinusoidal_encoding",
+    "sinusoidal_dot_product",
+    "consecutive_distances",
+    "LearnedPositionalEmbedding",
     # the plug-in protocol and attention (chapter 1)
-    "KINDS", "PositionalEncoding", "NoPE", "attention", "self_attention", "causal_mask", "split_heads", "merge_heads",
+    "KINDS",
+    "PositionalEncoding",
+    "NoPE",
+    "attention",
+    "self_attention",
+    "causal_mask",
+    "split_heads",
+    "merge_heads",
     # RoPE (chapters 5 and 6)
-    "ROPE_TYPES", "ROPE_FREQUENCY_FUNCTIONS", "check_rope_parameters", "rope_frequencies", "pair_indices",
-    "rope_angles", "rope_cos_sin", "apply_rope", "apply_rope_qk", "apply_rope_", "rotate", "rope_matrix",
-    "interleaved_to_half_permutation", "permute_qk_weight",
+    "ROPE_TYPES",
+    "ROPE_FREQUENCY_FUNCTIONS",
+    "check_rope_parameters",
+    "rope_frequencies",
+    "pair_indices",
+    "rope_angles",
+    "rope_cos_sin",
+    "apply_rope",
+    "apply_rope_qk",
+    "apply_rope_",
+    "rotate",
+    "rope_matrix",
+    "interleaved_to_half_permutation",
+    "permute_qk_weight",
     # ALiBi
-    "alibi_slopes", "alibi_bias",
+    "alibi_slopes",
+    "alibi_bias",
     # transformers models run with posenc's RoPE (chapter 12)
-    "rope_parameters_from_config", "use_posenc_rope",
+    "rope_parameters_from_config",
+    "use_posenc_rope",
     # every plug-in encoding, with its family
-    "SinusoidalInput", "LearnedInput", "RotaryEmbedding", "ALiBi", "NDRoPE", "XPos", "GroupEncoding",
+    "SinusoidalInput",
+    "LearnedInput",
+    "RotaryEmbedding",
+    "ALiBi",
+    "NDRoPE",
+    "XPos",
+    "GroupEncoding",
     "MultiGroupEncoding",
-    "ComRoPE", "CayleySTRING", "LieRE", "CoPE", "FoX", "PaTH",
+    "ComRoPE",
+    "CayleySTRING",
+    "LieRE",
+    "CoPE",
+    "FoX",
+    "PaTH",
 ]
 
 

@@ -11,6 +11,7 @@ the argument.
 * matrices: :func:`float_matrix` (data, float64), :func:`check_generator` (a generator ``X`` of ``exp(tX)``);
 * memory layouts of RoPE's pairs: :func:`check_layout`.
 """
+
 from __future__ import annotations
 
 import math
@@ -34,8 +35,10 @@ def require_real_floating(name: str, value) -> torch.Tensor:
     tensors are refused (a rotation of integers would be rounded away, a complex one would lose its imaginary part)."""
     require_tensor(name, value)
     if not value.is_floating_point():
-        raise TypeError(f"{name} must be a real floating-point tensor (float16, bfloat16, float32 or float64), "
-                        f"got dtype {value.dtype}")
+        raise TypeError(
+            f"{name} must be a real floating-point tensor (float16, bfloat16, float32 or float64), "
+            f"got dtype {value.dtype}"
+        )
     return value
 
 
@@ -76,8 +79,10 @@ def check_seq_dim(seq_dim, ndim: int, name: str = "seq_dim") -> int:
     given = require_int(name, seq_dim)
     axis = given - ndim if given >= 0 else given
     if axis not in SEQ_DIMS or ndim < -axis:
-        raise ValueError(f"{name} must be -2 (x of shape (..., H, T, D)) or -3 (x of shape (..., T, H, D), which "
-                         f"needs 3 or more dims), got {given} for a tensor with {ndim} dims")
+        raise ValueError(
+            f"{name} must be -2 (x of shape (..., H, T, D)) or -3 (x of shape (..., T, H, D), which "
+            f"needs 3 or more dims), got {given} for a tensor with {ndim} dims"
+        )
     return axis
 
 
@@ -129,8 +134,10 @@ def as_coordinates(name: str, positions, n_axes: int, device=None) -> torch.Tens
     """N-D positions, one coordinate per axis: ``(L, n_axes)`` or ``(B, L, n_axes)``, integer or real, finite."""
     positions = _real_values(name, positions, device, "integer or real coordinates")
     if positions.ndim not in (2, 3) or positions.shape[-1] != n_axes:
-        raise ValueError(f"{name} must have shape (L, {n_axes}) or (B, L, {n_axes}), one coordinate per axis, "
-                         f"got {tuple(positions.shape)}")
+        raise ValueError(
+            f"{name} must have shape (L, {n_axes}) or (B, L, {n_axes}), one coordinate per axis, "
+            f"got {tuple(positions.shape)}"
+        )
     return positions
 
 
@@ -146,21 +153,25 @@ def as_float64(name: str, values, device=None) -> torch.Tensor:
     return _real_values(name, values, device, "real numbers").to(dtype=torch.float64, device=device)
 
 
-def check_inv_freq(name: str, inv_freq, *, pairs: int | None = None, max_pairs: int | None = None,
-                   floating: bool = False) -> torch.Tensor:
+def check_inv_freq(
+    name: str, inv_freq, *, pairs: int | None = None, max_pairs: int | None = None, floating: bool = False
+) -> torch.Tensor:
     """A frequency table ``(P,)``, ``P >= 1``: exactly ``pairs`` entries, or at most ``max_pairs``; with
     ``floating`` a floating-point dtype."""
     require_tensor(name, inv_freq)
     if floating and (inv_freq.ndim != 1 or not inv_freq.is_floating_point()):
-        raise ValueError(f"{name} must be a 1-D floating-point tensor (one frequency per pair), "
-                         f"got {inv_freq.dtype} {tuple(inv_freq.shape)}")
+        raise ValueError(
+            f"{name} must be a 1-D floating-point tensor (one frequency per pair), "
+            f"got {inv_freq.dtype} {tuple(inv_freq.shape)}"
+        )
     if inv_freq.ndim != 1 or inv_freq.numel() == 0:
         raise ValueError(f"{name} must have shape (P,) with P >= 1, got shape {tuple(inv_freq.shape)}")
     if pairs is not None and inv_freq.shape[0] != pairs:
         raise ValueError(f"{name} must have shape ({pairs},), got shape {tuple(inv_freq.shape)}")
     if max_pairs is not None and inv_freq.shape[0] > max_pairs:
-        raise ValueError(f"{name} must have shape (P,) with 2 P <= head_dim = {2 * max_pairs}, "
-                         f"got shape {tuple(inv_freq.shape)}")
+        raise ValueError(
+            f"{name} must have shape (P,) with 2 P <= head_dim = {2 * max_pairs}, got shape {tuple(inv_freq.shape)}"
+        )
     return inv_freq
 
 

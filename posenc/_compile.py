@@ -6,6 +6,7 @@ torch.compile cannot work (no C++ compiler, an unsupported platform or Python, a
 reported once per device type as a ``RuntimeWarning`` and the eager fallback runs instead: results never
 depend on whether compiling worked.
 """
+
 from __future__ import annotations
 
 import warnings
@@ -38,9 +39,12 @@ class CompiledFunction:
             return self._compiled(*args)
         except Exception as error:  # compiling is an optimisation: any failure means "run eagerly"
             self.failures[device_type] = error
-            warnings.warn(f"posenc: torch.compile of {self.function.__name__} failed on {device_type} "
-                          f"({type(error).__name__}: {str(error)[:300]}); using the eager kernel instead",
-                          RuntimeWarning, stacklevel=3)
+            warnings.warn(
+                f"posenc: torch.compile of {self.function.__name__} failed on {device_type} "
+                f"({type(error).__name__}: {str(error)[:300]}); using the eager kernel instead",
+                RuntimeWarning,
+                stacklevel=3,
+            )
             return self.fallback(*args)
 
     def reset(self) -> None:

@@ -27,6 +27,7 @@ computing exactly that formula, chosen per call by :class:`RotationEngine`:
 There is no ``addcmul`` here: torch's CPU kernel fuses its multiply and add (one rounding instead of two), which
 would change the result in the last bit.
 """
+
 from __future__ import annotations
 
 import itertools
@@ -66,15 +67,19 @@ def _blocks(shape, target: int, run: int | None = None):
     if rows == shape[-2] or len(shape) < 3:
         return _whole_blocks(shape, target)
     heads = max(1, min(shape[-3], target // (rows * shape[-1])))
-    return (tuple(slice(i, i + 1) for i in outer) + (slice(h, h + heads), slice(r, r + rows))
-            for outer in itertools.product(*map(range, shape[:-3]))
-            for h in range(0, shape[-3], heads) for r in range(0, shape[-2], rows))
+    return (
+        tuple(slice(i, i + 1) for i in outer) + (slice(h, h + heads), slice(r, r + rows))
+        for outer in itertools.product(*map(range, shape[:-3]))
+        for h in range(0, shape[-3], heads)
+        for r in range(0, shape[-2], rows)
+    )
 
 
 def _whole_blocks(shape, target: int):
     """Blocks of whole rows of the leading axes, at most ``max(target, D)`` elements, in memory order."""
+
     def split(prefix, dim):
-        inner = math.prod(shape[dim + 1:])  # elements per index of this axis
+        inner = math.prod(shape[dim + 1 :])  # elements per index of this axis
         size = shape[dim]
         if dim == len(shape) - 1 or inner * size <= target:
             yield prefix
@@ -85,6 +90,7 @@ def _whole_blocks(shape, target: int):
             step = max(1, target // inner)
             for start in range(0, size, step):
                 yield prefix + (slice(start, min(start + step, size)),)
+
     return split((), 0)
 
 
@@ -100,8 +106,9 @@ class RotationEngine:
     def __init__(self, formula: Callable, pairs: Callable):
         self.formula, self.pairs = formula, pairs
         self.compiled = CompiledFunction(formula, self.rotate_default, dynamic=True, fullgraph=True)
-        self._compiled_in_place = CompiledFunction(self.formula_in_place, self.rotate_in_place, dynamic=True,
-                                                   fullgraph=True)
+        self._compiled_in_place = CompiledFunction(
+            self.formula_in_place, self.rotate_in_place, dynamic=True, fullgraph=True
+        )
 
     # ------------------------------------------------------------------------------------------ dispatch
     def kernel_fits(self, x, cos, sin) -> bool:
@@ -112,9 +119,13 @@ class RotationEngine:
     def _eager_fits(self, x, cos, sin) -> bool:
         # traced first: under torch.compile/export the sizes are symbolic, and testing them would add guards (an
         # export constraint "T <= 511", a recompile when T crosses 512)
-        return (not torch.compiler.is_compiling() and not _functorch_active()
-                and x.is_floating_point() and tables_fit(x, cos)
-                and not (torch.is_grad_enabled() and (cos.requires_grad or sin.requires_grad)))
+        return (
+            not torch.compiler.is_compiling()
+            and not _functorch_active()
+            and x.is_floating_point()
+            and tables_fit(x, cos)
+            and not (torch.is_grad_enabled() and (cos.requires_grad or sin.requires_grad))
+        )
 
     def rotate_default(self, x, cos, sin, layout):
         if not self._eager_fits(x, cos, sin):
@@ -136,8 +147,9 @@ class RotationEngine:
             return False
         if k is None:
             return q.numel() < KERNEL_MIN_NUMEL
-        return (k.dtype == q.dtype and k.ndim == q.ndim and tables_fit(k, cos)
-                and q.numel() + k.numel() < KERNEL_MIN_NUMEL)
+        return (
+            k.dtype == q.dtype and k.ndim == q.ndim and tables_fit(k, cos) and q.numel() + k.numel() < KERNEL_MIN_NUMEL
+        )
 
     def rotate_full(self, x, cos_full, sin_full, layout):
         """The formula with full-width tables ``(..., R)`` (both members of a pair hold their pair's entry; built
@@ -194,8 +206,10 @@ class RotationEngine:
         half = cos.shape[-1]
         rotary = 2 * half
         cos_full, sin_full = (self.full_table(t, layout, x.ndim) for t in (cos, sin))
-        work_dtype = torch.promote_types(torch.promote_types(
-            x.dtype if x.dtype in (torch.float32, torch.float64) else torch.float32, cos.dtype), sin.dtype)
+        work_dtype = torch.promote_types(
+            torch.promote_types(x.dtype if x.dtype in (torch.float32, torch.float64) else torch.float32, cos.dtype),
+            sin.dtype,
+        )
         widen = work_dtype != x.dtype  # bf16, fp16 (or tables wider than x): wider arithmetic, rounded once
         target = max(block_elements or BLOCK_ELEMENTS, x.shape[-1])
         if x.device.type != "cpu":  # an accelerator runs each operation over the whole tensor
@@ -209,9 +223,9 @@ class RotationEngine:
                     ob[..., rotary:].copy_(xb[..., rotary:])
                 xb, ob = xb[..., :rotary], ob[..., :rotary]
                 cb, sb = _take(cos_full, index), _take(sin_full, index)
-                t = scratch[0][:xb.numel()].view(xb.shape)
+                t = scratch[0][: xb.numel()].view(xb.shape)
                 if widen:
-                    w = scratch[1][:xb.numel()].view(xb.shape)
+                    w = scratch[1][: xb.numel()].view(xb.shape)
                     w.copy_(xb)
                     self._rotate_block(w, w, cb, sb, t, half, layout)
                     ob.copy_(w)

@@ -10,6 +10,7 @@ Nothing here trusts a class name. A model is supported when
 
 transformers is never imported here; the model brings it.
 """
+
 from __future__ import annotations
 
 import inspect
@@ -31,6 +32,7 @@ PROBE_LENGTH = 5
 class Rotation:
     """One module-level rotation function an attention forward calls: its global ``name``, the ``function``
     itself, its ``layout`` (one of :data:`LAYOUTS`) and its ``signature``."""
+
     name: str
     function: types.FunctionType
     layout: str
@@ -47,17 +49,24 @@ def find_decoder(model) -> tuple[str, torch.nn.Module]:
     model, its language model). TypeError when there is none, or several and none is the language model."""
     if not isinstance(model, torch.nn.Module):
         raise TypeError(f"use_posenc_rope needs a transformers model (a torch.nn.Module), got {type(model).__name__}")
-    found = [(name, module) for name, module in model.named_modules()
-             if isinstance(getattr(module, "rotary_emb", None), torch.nn.Module)
-             and isinstance(getattr(module, "layers", None), torch.nn.ModuleList)]
+    found = [
+        (name, module)
+        for name, module in model.named_modules()
+        if isinstance(getattr(module, "rotary_emb", None), torch.nn.Module)
+        and isinstance(getattr(module, "layers", None), torch.nn.ModuleList)
+    ]
     if len(found) > 1:
         found = [(name, module) for name, module in found if "language_model" in name or "text" in name] or found
     if not found:
-        raise TypeError(f"use_posenc_rope patches a transformers model whose decoder holds `rotary_emb` (returning "
-                        f"cos and sin) and `layers`; {type(model).__name__} has no such module")
+        raise TypeError(
+            f"use_posenc_rope patches a transformers model whose decoder holds `rotary_emb` (returning "
+            f"cos and sin) and `layers`; {type(model).__name__} has no such module"
+        )
     if len(found) > 1:
-        raise TypeError(f"use_posenc_rope found several decoders with `rotary_emb` and `layers` in "
-                        f"{type(model).__name__} ({', '.join(repr(name) for name, _ in found)}); patch one of them")
+        raise TypeError(
+            f"use_posenc_rope found several decoders with `rotary_emb` and `layers` in "
+            f"{type(model).__name__} ({', '.join(repr(name) for name, _ in found)}); patch one of them"
+        )
     return found[0]
 
 
@@ -85,16 +94,26 @@ def own_tables(rotary: torch.nn.Module, layer_type=None, length: int = PROBE_LEN
     with torch.no_grad():
         tables = type(rotary).forward(rotary, x, positions, *extra)
     if not (isinstance(tables, tuple) and len(tables) == 2 and all(isinstance(t, torch.Tensor) for t in tables)):
-        what = (f"a {tables.dtype} tensor of shape {tuple(tables.shape)}" if isinstance(tables, torch.Tensor)
-                else type(tables).__name__)
-        why = (" (a complex table: the model rotates by a complex product, as Llama 4 does, which posenc's real "
-               "cos/sin rotation does not replace)" if isinstance(tables, torch.Tensor) and tables.is_complex() else "")
-        raise TypeError(f"use_posenc_rope replaces rotations by cos/sin tables; {type(rotary).__name__} returns "
-                        f"{what}{why}")
+        what = (
+            f"a {tables.dtype} tensor of shape {tuple(tables.shape)}"
+            if isinstance(tables, torch.Tensor)
+            else type(tables).__name__
+        )
+        why = (
+            " (a complex table: the model rotates by a complex product, as Llama 4 does, which posenc's real "
+            "cos/sin rotation does not replace)"
+            if isinstance(tables, torch.Tensor) and tables.is_complex()
+            else ""
+        )
+        raise TypeError(
+            f"use_posenc_rope replaces rotations by cos/sin tables; {type(rotary).__name__} returns {what}{why}"
+        )
     cos, sin = tables
     if cos.is_complex() or cos.ndim != 3 or cos.shape != sin.shape or cos.shape[-1] % 2:
-        raise TypeError(f"use_posenc_rope expects {type(rotary).__name__} to return real (cos, sin) tables "
-                        f"(B, L, R) with R even, got {cos.dtype} {tuple(cos.shape)} and {tuple(sin.shape)}")
+        raise TypeError(
+            f"use_posenc_rope expects {type(rotary).__name__} to return real (cos, sin) tables "
+            f"(B, L, R) with R even, got {cos.dtype} {tuple(cos.shape)} and {tuple(sin.shape)}"
+        )
     return cos.float(), sin.float()
 
 
@@ -103,8 +122,10 @@ def attention_of(layer: torch.nn.Module) -> torch.nn.Module:
     for child in layer.children():
         if _takes(type(child).forward, "position_embeddings"):
             return child
-    raise TypeError(f"use_posenc_rope found no attention in {type(layer).__name__}: none of its children takes "
-                    f"`position_embeddings`")
+    raise TypeError(
+        f"use_posenc_rope found no attention in {type(layer).__name__}: none of its children takes "
+        f"`position_embeddings`"
+    )
 
 
 def _classify(function, cos: torch.Tensor, sin: torch.Tensor) -> str | None:
@@ -119,15 +140,20 @@ def _classify(function, cos: torch.Tensor, sin: torch.Tensor) -> str | None:
     except Exception:  # noqa: BLE001 - any failure on the probe means "not a rotation we know"
         return None
     half = rotary_dim // 2
-    tables = {"half": (cos[..., :half], sin[..., :half]), "interleaved": (cos[..., 0::2], sin[..., 0::2]),
-              "deinterleaved": (cos[..., :half], sin[..., :half])}
+    tables = {
+        "half": (cos[..., :half], sin[..., :half]),
+        "interleaved": (cos[..., 0::2], sin[..., 0::2]),
+        "deinterleaved": (cos[..., :half], sin[..., :half]),
+    }
     for layout in LAYOUTS:
         table_cos, table_sin = tables[layout]
         inputs = (deinterleave(q), deinterleave(k)) if layout == "deinterleaved" else (q, k)
         rotate_as = "interleaved" if layout == "interleaved" else "half"
         expected = [apply_rope(x, table_cos, table_sin, rotate_as, seq_dim=-2) for x in inputs]
-        if all(isinstance(g, torch.Tensor) and g.shape == e.shape and torch.allclose(g.float(), e, atol=1e-5)
-               for g, e in zip((got_q, got_k), expected)):
+        if all(
+            isinstance(g, torch.Tensor) and g.shape == e.shape and torch.allclose(g.float(), e, atol=1e-5)
+            for g, e in zip((got_q, got_k), expected)
+        ):
             return layout
     return None
 
@@ -150,11 +176,14 @@ def rotations_of(attention: torch.nn.Module, cos: torch.Tensor, sin: torch.Tenso
                 rotations.append(Rotation(name, value, layout, inspect.signature(value)))
     where = f"{type(attention).__name__}.forward ({forward.__module__})"
     if unknown:
-        raise TypeError(f"use_posenc_rope: {where} calls {', '.join(unknown)}, which on a probe with the model's "
-                        f"own cos/sin computes none of posenc's rotations ({', '.join(LAYOUTS)} layouts)")
+        raise TypeError(
+            f"use_posenc_rope: {where} calls {', '.join(unknown)}, which on a probe with the model's "
+            f"own cos/sin computes none of posenc's rotations ({', '.join(LAYOUTS)} layouts)"
+        )
     if not rotations:
-        raise TypeError(f"use_posenc_rope: {where} calls no module-level function of (q, k, cos, sin) that it "
-                        f"could replace")
+        raise TypeError(
+            f"use_posenc_rope: {where} calls no module-level function of (q, k, cos, sin) that it could replace"
+        )
     return forward, rotations
 
 
@@ -166,8 +195,7 @@ def bind_forward(attention: torch.nn.Module, forward: types.FunctionType, replac
     # without `__name__`, torch.compile reads this dict's globals as the function's own scope (as for namedtuple's
     # generated code) instead of importing the modeling module by name and reading the originals from it
     namespace.pop("__name__", None)
-    copy = types.FunctionType(forward.__code__, namespace, forward.__name__, forward.__defaults__,
-                              forward.__closure__)
+    copy = types.FunctionType(forward.__code__, namespace, forward.__name__, forward.__defaults__, forward.__closure__)
     copy.__kwdefaults__ = forward.__kwdefaults__
     copy.__qualname__, copy.__doc__ = forward.__qualname__, forward.__doc__
     attention.forward = types.MethodType(copy, attention)

@@ -20,6 +20,7 @@ rotate, the rest pass through). Both ops have fake implementations, so ``torch.c
 Triton is optional: :data:`AVAILABLE` says whether it imports. With ``TRITON_INTERPRET=1`` its interpreter runs the
 same kernel on CPU tensors, which is how the tests check it without a GPU.
 """
+
 from __future__ import annotations
 
 import os
@@ -85,7 +86,7 @@ def capable(device_type: str, device_index: int | None, dtype: torch.dtype) -> b
         if not AVAILABLE or _triton_version() < MIN_TRITON:
             decision = False
         else:
-            device = torch.device(device_type, device_index)
+            device = torch.device(device_type) if device_index is None else torch.device(device_type, device_index)
             decision = _capability(device) >= MIN_CAPABILITY.get(dtype, DEFAULT_MIN_CAPABILITY)
         _CAPABLE[key] = decision
     return decision
@@ -96,19 +97,53 @@ def use_triton(x: torch.Tensor) -> bool:
     and recent enough, a device that runs ``x``'s dtype (:func:`capable`, cached), and ``POSENC_KERNEL`` not set
     to ``formula``. Decided from the device and dtype alone, never from values."""
     device = x.device
-    return (AVAILABLE and device.type in DEVICE_TYPES and os.environ.get(KERNEL_ENV, "") != "formula"
-            and capable(device.type, device.index, x.dtype))
+    return (
+        AVAILABLE
+        and device.type in DEVICE_TYPES
+        and os.environ.get(KERNEL_ENV, "") != "formula"
+        and capable(device.type, device.index, x.dtype)
+    )
 
 
 if AVAILABLE:
+
     @triton.jit
-    def _rope_kernel(Q, K, COS, SIN, Q_OUT, K_OUT,
-                     n_q_heads, n_heads, seq_len,
-                     sq_b, sq_h, sq_t, sq_d, sk_b, sk_h, sk_t, sk_d,
-                     soq_b, soq_h, soq_t, soq_d, sok_b, sok_h, sok_t, sok_d,
-                     sc_b, sc_t, sc_p,
-                     HALF: tl.constexpr, INTERLEAVED: tl.constexpr, CONJUGATE: tl.constexpr, WIDE: tl.constexpr,
-                     BLOCK_T: tl.constexpr, BLOCK_P: tl.constexpr):
+    def _rope_kernel(
+        Q,
+        K,
+        COS,
+        SIN,
+        Q_OUT,
+        K_OUT,
+        n_q_heads,
+        n_heads,
+        seq_len,
+        sq_b,
+        sq_h,
+        sq_t,
+        sq_d,
+        sk_b,
+        sk_h,
+        sk_t,
+        sk_d,
+        soq_b,
+        soq_h,
+        soq_t,
+        soq_d,
+        sok_b,
+        sok_h,
+        sok_t,
+        sok_d,
+        sc_b,
+        sc_t,
+        sc_p,
+        HALF: tl.constexpr,
+        INTERLEAVED: tl.constexpr,
+        CONJUGATE: tl.constexpr,
+        WIDE: tl.constexpr,
+        BLOCK_T: tl.constexpr,
+        BLOCK_P: tl.constexpr,
+    ):
         # program (b * n_heads + head, t block): heads 0 .. n_q_heads-1 are q's, the rest k's. Every index is
         # int64 before it meets a stride, so no offset b * stride_b + head * stride_h + t * stride_t + ... wraps at
         # 2**31 (a (66, 32, 8192, 128) tensor has 2.2e9 elements; each stride alone fits in 32 bits)
@@ -175,11 +210,31 @@ def _launch(q, k, cos, sin, q_out, k_out, interleaved: bool, conjugate: bool) ->
     if grid[0] == 0 or grid[1] == 0:
         return
     table_batch_stride = cos.stride(0) if cos.shape[0] > 1 else 0
-    _rope_kernel[grid](q, k, cos, sin, q_out, k_out, n_q, n_q + n_k, seq_len,
-                       *q.stride(), *k.stride(), *q_out.stride(), *k_out.stride(),
-                       table_batch_stride, cos.stride(1), cos.stride(2),
-                       HALF=half, INTERLEAVED=interleaved, CONJUGATE=conjugate, WIDE=q.dtype == torch.float64,
-                       BLOCK_T=block_t, BLOCK_P=block_p, enable_fp_fusion=False)
+    _rope_kernel[grid](
+        q,
+        k,
+        cos,
+        sin,
+        q_out,
+        k_out,
+        n_q,
+        n_q + n_k,
+        seq_len,
+        *q.stride(),
+        *k.stride(),
+        *q_out.stride(),
+        *k_out.stride(),
+        table_batch_stride,
+        cos.stride(1),
+        cos.stride(2),
+        HALF=half,
+        INTERLEAVED=interleaved,
+        CONJUGATE=conjugate,
+        WIDE=q.dtype == torch.float64,
+        BLOCK_T=block_t,
+        BLOCK_P=block_p,
+        enable_fp_fusion=False,
+    )
 
 
 def _pass_through(source: torch.Tensor, target: torch.Tensor, rotary_dim: int) -> None:
@@ -198,8 +253,9 @@ def _rope_qk_impl(q, k, cos, sin, interleaved: bool, conjugate: bool):
 
 
 @torch.library.custom_op("posenc::rope_qk", mutates_args=())
-def _rope_qk_op(q: torch.Tensor, k: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, interleaved: bool,
-                conjugate: bool) -> tuple[torch.Tensor, torch.Tensor]:
+def _rope_qk_op(
+    q: torch.Tensor, k: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, interleaved: bool, conjugate: bool
+) -> tuple[torch.Tensor, torch.Tensor]:
     return _rope_qk_impl(q, k, cos, sin, interleaved, conjugate)
 
 
@@ -244,8 +300,9 @@ _rope_qk_op.register_autograd(_backward, setup_context=_setup_context)
 
 
 @torch.library.custom_op("posenc::rope_qk_", mutates_args=("q", "k"))
-def _rope_qk_inplace_op(q: torch.Tensor, k: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, interleaved: bool,
-                        conjugate: bool) -> None:
+def _rope_qk_inplace_op(
+    q: torch.Tensor, k: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, interleaved: bool, conjugate: bool
+) -> None:
     # each program reads its two features before it writes them, and no two programs share a feature
     _launch(q, k, cos, sin, q, k, interleaved, conjugate)
 
@@ -269,8 +326,15 @@ def _tables(cos: torch.Tensor, sin: torch.Tensor):
     return cos.float(), sin.float()
 
 
-def rope_qk(q: torch.Tensor, k: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, layout: str = "half",
-            seq_dim: int = -2, conjugate: bool = False) -> tuple[torch.Tensor, torch.Tensor]:
+def rope_qk(
+    q: torch.Tensor,
+    k: torch.Tensor,
+    cos: torch.Tensor,
+    sin: torch.Tensor,
+    layout: str = "half",
+    seq_dim: int = -2,
+    conjugate: bool = False,
+) -> tuple[torch.Tensor, torch.Tensor]:
     """Rotate ``q`` and ``k`` in one launch: ``(..., H, T, D)`` (``seq_dim=-2``) or ``(..., T, H, D)``
     (``seq_dim=-3``), up to 4-D, with ``cos``/``sin`` ``(T, R/2)`` or ``(B, T, R/2)``. Returns new tensors shaped
     and typed like ``q`` and ``k``; ``conjugate=True`` rotates by the opposite angles. Validation is the caller's
@@ -288,8 +352,14 @@ def _no_heads(x4: torch.Tensor) -> torch.Tensor:
     return x4[:, :0]
 
 
-def rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, layout: str = "half", seq_dim: int = -2,
-         conjugate: bool = False) -> torch.Tensor:
+def rope(
+    x: torch.Tensor,
+    cos: torch.Tensor,
+    sin: torch.Tensor,
+    layout: str = "half",
+    seq_dim: int = -2,
+    conjugate: bool = False,
+) -> torch.Tensor:
     """One tensor, out of place: :func:`rope_qk` with no keys (the launch covers ``x``'s heads only)."""
     cos, sin = _tables(cos, sin)
     x4 = _as_heads_first(x, seq_dim)
@@ -298,8 +368,14 @@ def rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, layout: str = "h
     return (out.transpose(-2, -3) if seq_dim == -3 else out).reshape(x.shape)
 
 
-def rope_(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, layout: str = "half", seq_dim: int = -2,
-          conjugate: bool = False) -> torch.Tensor:
+def rope_(
+    x: torch.Tensor,
+    cos: torch.Tensor,
+    sin: torch.Tensor,
+    layout: str = "half",
+    seq_dim: int = -2,
+    conjugate: bool = False,
+) -> torch.Tensor:
     """One tensor, in place."""
     cos, sin = _tables(cos, sin)
     x4 = _as_heads_first(x, seq_dim)
@@ -320,11 +396,19 @@ def supports_qk(q: torch.Tensor, k: torch.Tensor, cos: torch.Tensor, sin: torch.
     return k.device == q.device and k.dtype == q.dtype and k.ndim == q.ndim and supports(q, cos, sin)
 
 
-def rope_qk_(q: torch.Tensor, k: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, layout: str = "half",
-             seq_dim: int = -2, conjugate: bool = False) -> tuple[torch.Tensor, torch.Tensor]:
+def rope_qk_(
+    q: torch.Tensor,
+    k: torch.Tensor,
+    cos: torch.Tensor,
+    sin: torch.Tensor,
+    layout: str = "half",
+    seq_dim: int = -2,
+    conjugate: bool = False,
+) -> tuple[torch.Tensor, torch.Tensor]:
     """:func:`rope_qk` in place: ``q`` and ``k`` are overwritten (through views, whatever their strides) and
     returned."""
     cos, sin = _tables(cos, sin)
-    _rope_qk_inplace_op(_as_heads_first(q, seq_dim), _as_heads_first(k, seq_dim), cos, sin,
-                        layout == "interleaved", conjugate)
+    _rope_qk_inplace_op(
+        _as_heads_first(q, seq_dim), _as_heads_first(k, seq_dim), cos, sin, layout == "interleaved", conjugate
+    )
     return q, k

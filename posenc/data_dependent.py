@@ -35,6 +35,7 @@ the logits come back in the dtype of ``q``.
 Cost: CoPE ``O(Lq Lk P)``, FoX ``O(Lq Lk)`` on top of attention; PaTH here ``O(Lk^2 D)`` in a loop over the keys
 (the flash-linear-attention kernel is blockwise and far faster; this one is for reading and for small models).
 """
+
 from __future__ import annotations
 
 import math
@@ -49,8 +50,7 @@ from .encodings import PositionalEncoding
 #: is the logits' invariance under a shift of the whole sequence (data independence is what a change of the tokens
 #: between a query and a key tests). Each entry is checked numerically in tests/test_data_dependent.py.
 AXIOMS = {
-    "CoPE": {"data independence": False, "translation invariance": True, "linearity": False,
-             "normalisation": False},
+    "CoPE": {"data independence": False, "translation invariance": True, "linearity": False, "normalisation": False},
     "FoX": {"data independence": False, "translation invariance": True, "linearity": True, "normalisation": True},
     "PaTH": {"data independence": False, "translation invariance": True, "linearity": True, "normalisation": True},
 }
@@ -62,29 +62,39 @@ def _check_qk(q, k):
         if t.ndim != 4:
             raise ValueError(f"{name} must have shape (B, H, L, D), got {tuple(t.shape)}")
     if q.shape[-1] != k.shape[-1] or q.shape[:2] != k.shape[:2] or q.shape[-2] > k.shape[-2]:
-        raise ValueError(f"q (B, H, Lq, D) and k (B, H, Lk, D) must share B, H and D with Lq <= Lk, "
-                         f"got {tuple(q.shape)} and {tuple(k.shape)}")
+        raise ValueError(
+            f"q (B, H, Lq, D) and k (B, H, Lk, D) must share B, H and D with Lq <= Lk, "
+            f"got {tuple(q.shape)} and {tuple(k.shape)}"
+        )
 
 
 def _check_hidden(hidden, k, d_model: int, name: str):
     if hidden is None:
-        raise ValueError(f"{name} computes its gates from the hidden states: pass hidden (B, Lk, d_model) "
-                         "(posenc.self_attention does)")
+        raise ValueError(
+            f"{name} computes its gates from the hidden states: pass hidden (B, Lk, d_model) "
+            "(posenc.self_attention does)"
+        )
     require_tensor("hidden", hidden)
-    if hidden.ndim != 3 or hidden.shape[0] not in (1, k.shape[0]) or hidden.shape[1] != k.shape[-2] \
-            or hidden.shape[2] != d_model:
-        raise ValueError(f"hidden must have shape (B, Lk, d_model) = ({k.shape[0]}, {k.shape[-2]}, {d_model}), "
-                         f"got {tuple(hidden.shape)}")
+    if (
+        hidden.ndim != 3
+        or hidden.shape[0] not in (1, k.shape[0])
+        or hidden.shape[1] != k.shape[-2]
+        or hidden.shape[2] != d_model
+    ):
+        raise ValueError(
+            f"hidden must have shape (B, Lk, d_model) = ({k.shape[0]}, {k.shape[-2]}, {d_model}), "
+            f"got {tuple(hidden.shape)}"
+        )
 
 
 def _require_causal(allowed, name: str):
     if allowed is None:
-        raise ValueError(f"{name} sums over the tokens between key and query, so it is causal only: "
-                         "use causal=True")
+        raise ValueError(f"{name} sums over the tokens between key and query, so it is causal only: use causal=True")
 
 
 class ContentEncoding(PositionalEncoding):
-    """Base class of the data-dependent encodings: ``kind = "content"``, override :meth:`~posenc.encodings.PositionalEncoding.content_logits`."""
+    """Base class of the data-dependent encodings: ``kind = "content"``, override
+    :meth:`~posenc.encodings.PositionalEncoding.content_logits`."""
 
     kind = "content"
 
@@ -158,7 +168,8 @@ class FoX(ContentEncoding):
         return nn.functional.logsigmoid(gates).transpose(-1, -2)
 
     def clock(self, hidden: torch.Tensor) -> torch.Tensor:
-        """The learned time ``tau_t = -sum_{u <= t} log f_u`` ``(B, H, L)``, increasing: the bias is ``-(tau_i - tau_j)``,
+        """The learned time ``tau_t = -sum_{u <= t} log f_u`` ``(B, H, L)``, increasing: the bias is ``-(tau_i -
+        tau_j)``,
         causal ALiBi with slope 1 read at the times ``tau`` (chapter 8's unipotent block
         :func:`posenc.generators.alibi_generator` at real times; GRAPE's additive form, arXiv 2512.07805)."""
         return -self.log_forget_gates(hidden).cumsum(-1)
@@ -215,15 +226,18 @@ class PaTH(ContentEncoding):
         return w, beta
 
     def content_logits(self, q, k, hidden=None, allowed=None):
-        """``q_i^T H_i ... H_{j+1} k_j / sqrt(D)`` for ``j <= i`` (plain ``q_i . k_j / sqrt(D)`` for ``j > i``, which the
+        """``q_i^T H_i ... H_{j+1} k_j / sqrt(D)`` for ``j <= i`` (plain ``q_i . k_j / sqrt(D)`` for ``j > i``, which
+        the
         causal mask removes): ``(B, H, Lq, Lk)``. One pass over the keys: after step ``t`` the keys ``j < t`` hold
         ``H_t ... H_{j+1} k_j``."""
         _check_qk(q, k)
         _check_hidden(hidden, k, self.d_model, "PaTH")
         _require_causal(allowed, "PaTH")
         if q.shape[1] != self.n_heads or q.shape[-1] != self.head_dim:
-            raise ValueError(f"q and k must have {self.n_heads} heads of dimension {self.head_dim}, "
-                             f"got {q.shape[1]} of {q.shape[-1]}")
+            raise ValueError(
+                f"q and k must have {self.n_heads} heads of dimension {self.head_dim}, "
+                f"got {q.shape[1]} of {q.shape[-1]}"
+            )
         w, beta = self.householder_parameters(hidden)
         dtype = w.dtype
         q, keys = q.to(dtype), k.to(dtype)

@@ -15,6 +15,7 @@ and :class:`~posenc.absolute.LearnedInput`, :class:`posenc.rope.RotaryEmbedding`
 :class:`~posenc.group_encodings.MultiGroupEncoding`, the learned generators of :mod:`posenc.learned_generators`
 and the data-dependent encodings of :mod:`posenc.data_dependent`.
 """
+
 from __future__ import annotations
 
 import torch
@@ -35,8 +36,7 @@ class PositionalEncoding(nn.Module):
     _fixed_dtype_buffers: tuple[str, ...] = ()
 
     def _apply(self, fn, *args, **kwargs):
-        kept = {name: self._buffers[name] for name in self._fixed_dtype_buffers
-                if self._buffers.get(name) is not None}
+        kept = {name: self._buffers[name] for name in self._fixed_dtype_buffers if self._buffers.get(name) is not None}
         super()._apply(fn, *args, **kwargs)
         for name, before in kept.items():
             after = self._buffers.get(name)
@@ -60,7 +60,8 @@ class PositionalEncoding(nn.Module):
     def content_logits(self, q, k, hidden=None, allowed=None):
         """The scaled logits ``(B, H, Lq, Lk)`` of a "content" encoding, before the mask; here ``q k^T / sqrt(D)``.
 
-        ``q`` ``(B, H, Lq, D)``, ``k`` ``(B, H, Lk, D)``; the queries are the last ``Lq`` of the ``Lk`` tokens (as with a
+        ``q`` ``(B, H, Lq, D)``, ``k`` ``(B, H, Lk, D)``; the queries are the last ``Lq`` of the ``Lk`` tokens (as with
+        a
         KV cache). ``hidden``: the layer's input ``(B, Lk, d_model)`` (the hidden states of the key tokens), or None.
         ``allowed``: boolean, broadcastable to ``(B, H, Lq, Lk)``, True where query ``i`` may see key ``j`` (the
         causal mask), or None (every key visible). The caller masks the result; an encoding that must know the mask

@@ -13,6 +13,7 @@ Today's models do not give every layer the same encoding:
 :func:`layer_pattern` reads any of these from a transformers config, one :class:`LayerSpec` per layer, and
 :class:`LayerEncodings` gives a model of the book one plug-in per layer (``posenc.lab.experiments`` trains them).
 """
+
 from __future__ import annotations
 
 import numbers
@@ -102,8 +103,10 @@ class LocalWindow(PositionalEncoding):
         if not isinstance(encoding, PositionalEncoding):
             raise TypeError(f"encoding must be a posenc PositionalEncoding, got {type(encoding).__name__}")
         if encoding.kind not in ("qk", "none") or isinstance(encoding, (LayerEncodings, LocalWindow)):
-            raise ValueError(f"encoding must act on q and k or not at all (RoPE, NoPE, ...), got a {encoding.kind!r} "
-                             f"encoding {type(encoding).__name__}")
+            raise ValueError(
+                f"encoding must act on q and k or not at all (RoPE, NoPE, ...), got a {encoding.kind!r} "
+                f"encoding {type(encoding).__name__}"
+            )
         if mode not in WINDOW_MODES:
             raise ValueError(f"mode must be one of {WINDOW_MODES}, got {mode!r}")
         self.inner, self.size, self.mode = encoding, require_int("size", size, minimum=1), mode
@@ -143,11 +146,14 @@ class LayerEncodings(PositionalEncoding):
             raise ValueError("encodings must hold one encoding per layer, got none")
         for index, encoding in enumerate(encodings):
             if not isinstance(encoding, PositionalEncoding):
-                raise TypeError(f"encodings[{index}] must be a posenc PositionalEncoding, got "
-                                f"{type(encoding).__name__}")
+                raise TypeError(
+                    f"encodings[{index}] must be a posenc PositionalEncoding, got {type(encoding).__name__}"
+                )
             if encoding.kind not in ("qk", "none") or isinstance(encoding, LayerEncodings):
-                raise ValueError(f"encodings[{index}] must be a 'qk' or 'none' encoding (one per layer), got a "
-                                 f"{encoding.kind!r} encoding {type(encoding).__name__}")
+                raise ValueError(
+                    f"encodings[{index}] must be a 'qk' or 'none' encoding (one per layer), got a "
+                    f"{encoding.kind!r} encoding {type(encoding).__name__}"
+                )
         self.encodings = nn.ModuleList(encodings)
 
     def __len__(self) -> int:
@@ -222,11 +228,19 @@ def layer_pattern(config) -> list[LayerSpec]:
         parameters = None
         if rotary[index]:
             parameters = rope_parameters_from_config(config, layer_type=layer_type if nested else None)
-        specs.append(LayerSpec(rotary[index], parameters, layer_type, window,
-                               None if rotary[index] else temperature, layout))
+        specs.append(
+            LayerSpec(rotary[index], parameters, layer_type, window, None if rotary[index] else temperature, layout)
+        )
     return specs
 
 
-__all__ = ["nope_every", "attention_temperature", "AttentionTemperature", "WINDOW_MODES", "LocalWindow",
-           "LayerEncodings", "LayerSpec",
-           "layer_pattern"]
+__all__ = [
+    "nope_every",
+    "attention_temperature",
+    "AttentionTemperature",
+    "WINDOW_MODES",
+    "LocalWindow",
+    "LayerEncodings",
+    "LayerSpec",
+    "layer_pattern",
+]

@@ -29,6 +29,7 @@ indices ``(L,)`` / ``(B, L)`` into a ``coordinates`` table ``(N, n)`` given at c
 ``(B, H, Lk, D)``. The maps are computed in float32 or better, whatever the model's dtype
 (:func:`posenc.group_encodings.multi_parameter_group`).
 """
+
 from __future__ import annotations
 
 import torch
@@ -72,13 +73,14 @@ def block_diagonal_generators(blocks: torch.Tensor, coefficients: torch.Tensor) 
     if blocks.ndim != 3 or blocks.shape[-1] != blocks.shape[-2]:
         raise ValueError(f"blocks must have shape (m, b, b), got {tuple(blocks.shape)}")
     if coefficients.ndim != 2 or coefficients.shape[1] not in (1, blocks.shape[0]):
-        raise ValueError(f"coefficients must have shape (n, {blocks.shape[0]}) or (n, 1), "
-                         f"got {tuple(coefficients.shape)}")
+        raise ValueError(
+            f"coefficients must have shape (n, {blocks.shape[0]}) or (n, 1), got {tuple(coefficients.shape)}"
+        )
     m, b = blocks.shape[0], blocks.shape[-1]
     scaled = coefficients.expand(-1, m)[:, :, None, None] * blocks  # (n, m, b, b)
     out = scaled.new_zeros(coefficients.shape[0], m * b, m * b)
     for c in range(m):
-        out[:, c * b:(c + 1) * b, c * b:(c + 1) * b] = scaled[:, c]
+        out[:, c * b : (c + 1) * b, c * b : (c + 1) * b] = scaled[:, c]
     return out
 
 
@@ -91,7 +93,7 @@ class _LearnedGenerators(MultiGroupEncoding):
     def __init__(self, head_dim: int, n_axes: int, coordinates: torch.Tensor | None = None):
         nn.Module.__init__(self)  # not MultiGroupEncoding.__init__: the generators are a function, not a tensor
         self.head_dim, self.n_axes = check_head_dim(head_dim), require_int("n_axes", n_axes, minimum=1)
-        self.check, self.tol = False, None
+        self.check, self.tol = False, None  # type: ignore[assignment]  # no generator tensor to check
         if coordinates is not None:
             coordinates = as_coordinates("coordinates", coordinates, n_axes)
             if coordinates.ndim != 2:
@@ -105,7 +107,7 @@ class _LearnedGenerators(MultiGroupEncoding):
         raise NotImplementedError
 
     @property
-    def generators(self) -> torch.Tensor:
+    def generators(self) -> torch.Tensor:  # type: ignore[override]  # a function of the parameters here
         return self.generator_matrices()
 
     def maps(self, positions) -> torch.Tensor:
@@ -144,8 +146,16 @@ class ComRoPE(_LearnedGenerators):
     here change the scale the coefficients start at, not the maps they can reach.
     """
 
-    def __init__(self, head_dim: int, n_axes: int = 2, block_size: int = 4, variant: str = "ap",
-                 coordinates: torch.Tensor | None = None, scale: float = 0.5, generator=None):
+    def __init__(
+        self,
+        head_dim: int,
+        n_axes: int = 2,
+        block_size: int = 4,
+        variant: str = "ap",
+        coordinates: torch.Tensor | None = None,
+        scale: float = 0.5,
+        generator=None,
+    ):
         super().__init__(head_dim, n_axes, coordinates)
         require_int("block_size", block_size, minimum=2)
         if head_dim % block_size:
@@ -156,8 +166,11 @@ class ComRoPE(_LearnedGenerators):
         m = head_dim // block_size
         self.raw_blocks = nn.Parameter(scale * torch.randn(m, block_size, block_size, generator=generator))
         if variant == "ap":
-            self.register_buffer("coefficients", (torch.arange(m)[None, :] % n_axes == torch.arange(n_axes)[:, None])
-                                 .float(), persistent=False)
+            self.register_buffer(
+                "coefficients",
+                (torch.arange(m)[None, :] % n_axes == torch.arange(n_axes)[:, None]).float(),
+                persistent=False,
+            )
         else:
             self.coefficients = nn.Parameter(torch.randn(n_axes, m, generator=generator))
 
@@ -176,8 +189,14 @@ class LieRE(_LearnedGenerators):
     (:func:`relative_spread`); with ``n_axes = 1`` it is exactly relative.
     """
 
-    def __init__(self, head_dim: int, n_axes: int = 2, coordinates: torch.Tensor | None = None, scale: float = 0.1,
-                 generator=None):
+    def __init__(
+        self,
+        head_dim: int,
+        n_axes: int = 2,
+        coordinates: torch.Tensor | None = None,
+        scale: float = 0.1,
+        generator=None,
+    ):
         super().__init__(head_dim, n_axes, coordinates)
         self.raw = nn.Parameter(scale * torch.randn(n_axes, head_dim, head_dim, generator=generator))
 
@@ -197,9 +216,18 @@ class CayleySTRING(NDRoPE):
     N-D RoPE applied to projections with ``P`` folded in (:func:`fold_into_projection`).
     """
 
-    def __init__(self, head_dim: int, n_axes: int = 2, variant: str = "mixed", base: float = DEFAULT_BASE,
-                 coordinates: torch.Tensor | None = None, learnable: bool | None = None, layout: str = "half",
-                 scale: float = 0.0, generator=None):
+    def __init__(
+        self,
+        head_dim: int,
+        n_axes: int = 2,
+        variant: str = "mixed",
+        base: float = DEFAULT_BASE,
+        coordinates: torch.Tensor | None = None,
+        learnable: bool | None = None,
+        layout: str = "half",
+        scale: float = 0.0,
+        generator=None,
+    ):
         super().__init__(head_dim, n_axes, variant, base, coordinates, learnable, layout, generator)
         self.raw_skew = nn.Parameter(scale * torch.randn(head_dim, head_dim, generator=generator))
 
@@ -217,8 +245,14 @@ class CayleySTRING(NDRoPE):
 
     def rope_part(self) -> NDRoPE:
         """Plain :class:`NDRoPE` with this encoding's frequencies (a copy): what runs after folding ``P``."""
-        rope = NDRoPE(self.weights.shape[0] * 2, self.weights.shape[1], "axial", layout=self.layout,
-                      coordinates=self.coordinates, learnable=False)
+        rope = NDRoPE(
+            self.weights.shape[0] * 2,
+            self.weights.shape[1],
+            "axial",
+            layout=self.layout,
+            coordinates=self.coordinates,
+            learnable=False,
+        )
         with torch.no_grad():
             rope.weights = self.frequencies.detach().clone()
             rope.mask = torch.ones_like(rope.mask)
@@ -242,8 +276,9 @@ def fold_into_projection(weight: torch.Tensor, orthogonal: torch.Tensor, n_heads
     if orthogonal.ndim != 2 or orthogonal.shape[0] != d:
         raise ValueError(f"orthogonal must have shape (D, D), got {tuple(orthogonal.shape)}")
     if weight.ndim != 2 or weight.shape[0] != n_heads * d:
-        raise ValueError(f"weight must have shape (n_heads * D, d_model) = ({n_heads * d}, d_model), "
-                         f"got {tuple(weight.shape)}")
+        raise ValueError(
+            f"weight must have shape (n_heads * D, d_model) = ({n_heads * d}, d_model), got {tuple(weight.shape)}"
+        )
     per_head = weight.view(n_heads, d, weight.shape[1])
     return (orthogonal.to(weight.dtype) @ per_head).reshape_as(weight)
 
@@ -254,8 +289,11 @@ def max_commutator_norm(generators: torch.Tensor) -> torch.Tensor:
     require_tensor("generators", generators)
     if generators.ndim != 3 or generators.shape[-1] != generators.shape[-2]:
         raise ValueError(f"generators must have shape (n, D, D), got {tuple(generators.shape)}")
-    norms = [torch.linalg.matrix_norm(commutator(generators[i], generators[j]))
-             for i in range(len(generators)) for j in range(i + 1, len(generators))]
+    norms = [
+        torch.linalg.matrix_norm(commutator(generators[i], generators[j]))
+        for i in range(len(generators))
+        for j in range(i + 1, len(generators))
+    ]
     return torch.stack(norms).max() if norms else generators.new_zeros(())
 
 
@@ -305,8 +343,10 @@ def _check_pairs(query_positions, key_positions, target):
         if positions.ndim != 2:
             raise ValueError(f"{name} must have shape (N, n_axes), got {tuple(positions.shape)}")
     if query_positions.shape != key_positions.shape or target.shape != query_positions.shape[:1]:
-        raise ValueError(f"query_positions and key_positions must both have shape (N, n_axes) and target (N,), got "
-                         f"{tuple(query_positions.shape)}, {tuple(key_positions.shape)} and {tuple(target.shape)}")
+        raise ValueError(
+            f"query_positions and key_positions must both have shape (N, n_axes) and target (N,), got "
+            f"{tuple(query_positions.shape)}, {tuple(key_positions.shape)} and {tuple(target.shape)}"
+        )
 
 
 def relative_floor(query_positions: torch.Tensor, key_positions: torch.Tensor, target: torch.Tensor) -> float:
@@ -323,8 +363,15 @@ def relative_floor(query_positions: torch.Tensor, key_positions: torch.Tensor, t
     return (target - mean[group]).square().mean().item()
 
 
-def fit_scores(encoding, query_positions: torch.Tensor, key_positions: torch.Tensor, target: torch.Tensor,
-               steps: int = 200, lr: float = 0.05, seed: int = 0):
+def fit_scores(
+    encoding,
+    query_positions: torch.Tensor,
+    key_positions: torch.Tensor,
+    target: torch.Tensor,
+    steps: int = 200,
+    lr: float = 0.05,
+    seed: int = 0,
+):
     """Train ``encoding`` (a "qk" plug-in taking coordinates ``(N, n_axes)``: :class:`ComRoPE`, :class:`LieRE`,
     :class:`CayleySTRING` or :class:`posenc.nd_rope.NDRoPE` without a coordinates table) and one content vector
     ``c`` (used as query and key) with Adam so that the normalised score ``<R(p_q) c, R(p_k) c> / |c|^2`` of each
@@ -344,7 +391,7 @@ def fit_scores(encoding, query_positions: torch.Tensor, key_positions: torch.Ten
     # the maps are orthogonal and shared by queries and keys, so R(p) c is computed once per distinct position
     # (the pairs of an N x N grid of pairs use only N positions)
     unique, index = torch.unique(torch.cat((query_positions, key_positions)), dim=0, return_inverse=True)
-    query_index, key_index = index[:len(target)], index[len(target):]
+    query_index, key_index = index[: len(target)], index[len(target) :]
 
     def scores():
         vectors = content.expand(len(unique), -1)[None, None]
@@ -361,6 +408,18 @@ def fit_scores(encoding, query_positions: torch.Tensor, key_positions: torch.Ten
     return (final - target).square().mean().item(), final
 
 
-__all__ = ["COMROPE_VARIANTS", "skew", "cayley", "block_diagonal_generators", "ComRoPE", "LieRE", "CayleySTRING",
-           "fold_into_projection", "max_commutator_norm", "logits_at_offset", "relative_spread", "relative_floor",
-           "fit_scores"]
+__all__ = [
+    "COMROPE_VARIANTS",
+    "skew",
+    "cayley",
+    "block_diagonal_generators",
+    "ComRoPE",
+    "LieRE",
+    "CayleySTRING",
+    "fold_into_projection",
+    "max_commutator_norm",
+    "logits_at_offset",
+    "relative_spread",
+    "relative_floor",
+    "fit_scores",
+]

@@ -27,6 +27,7 @@ writes the result de-interleaved (the ``2i`` members first, then the ``2i + 1`` 
 exactly that, so its rotated slices equal transformers' bit for bit. The permutation is applied to queries and keys
 alike, so no dot product changes.
 """
+
 from __future__ import annotations
 
 import math
@@ -55,9 +56,14 @@ def _check_heads(name: str, w: torch.Tensor, n_heads: int) -> int:
     return w.shape[0] // n_heads
 
 
-def absorb_key_up_projection(w_q: torch.Tensor, w_uk: torch.Tensor, n_heads: int,
-                             inv_freq: torch.Tensor | None = None, offset: float = 0.0,
-                             layout: str = "half") -> torch.Tensor:
+def absorb_key_up_projection(
+    w_q: torch.Tensor,
+    w_uk: torch.Tensor,
+    n_heads: int,
+    inv_freq: torch.Tensor | None = None,
+    offset: float = 0.0,
+    layout: str = "half",
+) -> torch.Tensor:
     """``(W_UK^h)^T W_q^h`` for every head: ``(H, d_c, d_model)``.
 
     ``w_q``: ``(H * D, d_model)``, the query projection; ``w_uk``: ``(H * D, d_c)``, the key up-projection from the
@@ -95,9 +101,16 @@ def _check_inputs(x, latents, w_q, w_uk, n_heads):
     return _check_heads("w_q", w_q, n_heads)
 
 
-def full_key_rope_logits(x: torch.Tensor, latents: torch.Tensor, w_q: torch.Tensor, w_uk: torch.Tensor,
-                         n_heads: int, inv_freq: torch.Tensor | None = None, positions=None,
-                         layout: str = "half") -> torch.Tensor:
+def full_key_rope_logits(
+    x: torch.Tensor,
+    latents: torch.Tensor,
+    w_q: torch.Tensor,
+    w_uk: torch.Tensor,
+    n_heads: int,
+    inv_freq: torch.Tensor | None = None,
+    positions=None,
+    layout: str = "half",
+) -> torch.Tensor:
     """Logits ``(B, H, L, L)`` of queries ``W_q x_m`` against keys ``W_UK c_n`` built from the latents, both
     rotated by RoPE over the whole head, the way a model without decoupled RoPE would compute them.
 
@@ -118,8 +131,9 @@ def full_key_rope_logits(x: torch.Tensor, latents: torch.Tensor, w_q: torch.Tens
     return q @ k.transpose(-1, -2) / math.sqrt(head_dim)
 
 
-def absorbed_logits(x: torch.Tensor, latents: torch.Tensor, w_q: torch.Tensor, w_uk: torch.Tensor,
-                    n_heads: int) -> torch.Tensor:
+def absorbed_logits(
+    x: torch.Tensor, latents: torch.Tensor, w_q: torch.Tensor, w_uk: torch.Tensor, n_heads: int
+) -> torch.Tensor:
     """Logits ``(B, H, L, L)`` computed with ``W_UK`` absorbed: the query ``(W_UK^h)^T W_q^h x_m`` (``d_c``
     numbers) scored against the latent ``c_n`` itself, divided by ``sqrt(D)``; no key is built and no position
     enters. Shapes as in :func:`full_key_rope_logits`."""
@@ -161,9 +175,20 @@ class LatentAttention(nn.Module):
     ``mscale_all_dim`` (DeepSeek-V3's rule, as transformers applies it).
     """
 
-    def __init__(self, d_model: int, n_heads: int, kv_lora_rank: int, qk_nope_head_dim: int, qk_rope_head_dim: int,
-                 v_head_dim: int, q_lora_rank: int | None = None, rope_parameters: dict | None = None,
-                 max_position_embeddings: int = 4096, layout: str = "interleaved", eps: float = 1e-6):
+    def __init__(
+        self,
+        d_model: int,
+        n_heads: int,
+        kv_lora_rank: int,
+        qk_nope_head_dim: int,
+        qk_rope_head_dim: int,
+        v_head_dim: int,
+        q_lora_rank: int | None = None,
+        rope_parameters: dict | None = None,
+        max_position_embeddings: int = 4096,
+        layout: str = "interleaved",
+        eps: float = 1e-6,
+    ):
         super().__init__()
         self.d_model = require_int("d_model", d_model, minimum=1)
         self.n_heads = require_int("n_heads", n_heads, minimum=1)
@@ -174,8 +199,9 @@ class LatentAttention(nn.Module):
         self.q_lora_rank = None if q_lora_rank is None else require_int("q_lora_rank", q_lora_rank, minimum=1)
         self.layout, self.eps = check_layout(layout), float(eps)
         self.rope_parameters = check_rope_parameters(rope_parameters)
-        inv_freq, self.attention_factor = rope_frequencies(self.qk_rope_head_dim, self.rope_parameters,
-                                                           max_position_embeddings)
+        inv_freq, self.attention_factor = rope_frequencies(
+            self.qk_rope_head_dim, self.rope_parameters, max_position_embeddings
+        )
         self.register_buffer("inv_freq", inv_freq, persistent=False)
         self.qk_head_dim = self.qk_nope_head_dim + self.qk_rope_head_dim
         self.scaling = self.qk_head_dim ** (-0.5)
@@ -199,7 +225,7 @@ class LatentAttention(nn.Module):
 
     # ------------------------------------------------------------------------------------------ transformers
     @classmethod
-    def from_transformers(cls, attention) -> "LatentAttention":
+    def from_transformers(cls, attention) -> LatentAttention:
         """A copy of a transformers ``DeepseekV3Attention`` (or V2-style module with the same weights): sizes,
         ``rope_parameters``, ``rope_interleave`` and weights. Raises ValueError for biases (``attention_bias``)."""
         from .rope_types import rope_parameters_from_config
@@ -209,10 +235,19 @@ class LatentAttention(nn.Module):
             raise TypeError(f"attention must be a transformers DeepseekV3Attention, got {type(attention).__name__}")
         if getattr(config, "attention_bias", False):
             raise ValueError("LatentAttention has no biases: the config must have attention_bias=False")
-        layer = cls(config.hidden_size, config.num_attention_heads, config.kv_lora_rank, config.qk_nope_head_dim,
-                    config.qk_rope_head_dim, config.v_head_dim, config.q_lora_rank,
-                    rope_parameters_from_config(config), config.max_position_embeddings,
-                    "interleaved" if getattr(config, "rope_interleave", False) else "half", config.rms_norm_eps)
+        layer = cls(
+            config.hidden_size,
+            config.num_attention_heads,
+            config.kv_lora_rank,
+            config.qk_nope_head_dim,
+            config.qk_rope_head_dim,
+            config.v_head_dim,
+            config.q_lora_rank,
+            rope_parameters_from_config(config),
+            config.max_position_embeddings,
+            "interleaved" if getattr(config, "rope_interleave", False) else "half",
+            config.rms_norm_eps,
+        )
         source = attention.kv_a_proj_with_mqa.weight
         layer.to(device=source.device, dtype=source.dtype)
         with torch.no_grad():
@@ -244,7 +279,7 @@ class LatentAttention(nn.Module):
     @property
     def w_uv(self) -> torch.Tensor:
         """``W_UV`` of every head, ``(H, d_v, d_c)`` (a view of ``w_ukv``)."""
-        return self.w_ukv.view(self.n_heads, -1, self.kv_lora_rank)[:, self.qk_nope_head_dim:]
+        return self.w_ukv.view(self.n_heads, -1, self.kv_lora_rank)[:, self.qk_nope_head_dim :]
 
     def _positions(self, x, positions):
         require_real_floating("x", x)

@@ -2,6 +2,7 @@
 
 Shapes: ``q`` ``(B, H, Lq, D)``, ``k`` and ``v`` ``(B, H, Lk, D)``; positions ``(Lq,)``/``(Lk,)`` or batched.
 """
+
 from __future__ import annotations
 
 import math
@@ -16,7 +17,9 @@ def _check_encoding(encoding):
     if encoding is None:
         return NoPE()
     if not isinstance(encoding, PositionalEncoding) or encoding.kind not in KINDS:
-        raise TypeError(f"encoding must be a posenc.encodings.PositionalEncoding or None, got {type(encoding).__name__}")
+        raise TypeError(
+            f"encoding must be a posenc.encodings.PositionalEncoding or None, got {type(encoding).__name__}"
+        )
     return encoding
 
 
@@ -27,8 +30,18 @@ def causal_mask(query_length: int, key_length: int, device=None) -> torch.Tensor
     return torch.arange(key_length, device=device)[None, :] <= rows
 
 
-def attention(q, k, v, *, encoding=None, q_positions=None, k_positions=None, causal: bool = False,
-              return_weights: bool = False, hidden=None):
+def attention(
+    q,
+    k,
+    v,
+    *,
+    encoding=None,
+    q_positions=None,
+    k_positions=None,
+    causal: bool = False,
+    return_weights: bool = False,
+    hidden=None,
+):
     """Softmax attention with a "qk", "logits" or "content" encoding (or none).
 
     Default positions: keys ``0 .. Lk-1``, queries the last ``Lq`` of them (as with a KV cache).
@@ -116,8 +129,19 @@ def merge_heads(x: torch.Tensor) -> torch.Tensor:
     return x.transpose(1, 2).reshape(b, l, h * d)
 
 
-def self_attention(x, w_q, w_k, w_v, n_heads: int, *, encoding=None, positions=None, causal: bool = False,
-                   w_o=None, return_weights: bool = False):
+def self_attention(
+    x,
+    w_q,
+    w_k,
+    w_v,
+    n_heads: int,
+    *,
+    encoding=None,
+    positions=None,
+    causal: bool = False,
+    w_o=None,
+    return_weights: bool = False,
+):
     """Multi-head self-attention of ``x`` ``(B, L, d_model)`` with any of the three kinds of encoding.
 
     ``w_q``, ``w_k``, ``w_v``: ``(H * D, d_model)`` projection weights (``nn.Linear`` layout); ``w_o``:
@@ -148,9 +172,17 @@ def self_attention(x, w_q, w_k, w_v, n_heads: int, *, encoding=None, positions=N
     else:
         encoding_for_scores = encoding
     q, k, v = (split_heads(x @ w.T, n_heads) for w in (w_q, w_k, w_v))
-    result = attention(q, k, v, encoding=encoding_for_scores, q_positions=positions, k_positions=positions,
-                       causal=causal, return_weights=return_weights,
-                       hidden=x if encoding_for_scores.kind == "content" else None)
+    result = attention(
+        q,
+        k,
+        v,
+        encoding=encoding_for_scores,
+        q_positions=positions,
+        k_positions=positions,
+        causal=causal,
+        return_weights=return_weights,
+        hidden=x if encoding_for_scores.kind == "content" else None,
+    )
     out, weights = result if return_weights else (result, None)
     out = merge_heads(out)
     if w_o is not None:

@@ -286,6 +286,9 @@ class NDRoPE(PositionalEncoding):
     them) or -3 for ``(B, L, H, D)``.
     """
 
+    weights: torch.Tensor  # (P, n_axes) frequencies: a parameter when learnable, else a buffer
+    mask: torch.Tensor  # (P, n_axes): which entries are trained
+
     kind = "qk"
     _fixed_dtype_buffers = ("weights", "coordinates")  # learnable weights are a Parameter: they follow the model
 

@@ -31,14 +31,24 @@ kernel that reads ``x`` once and writes once, at a cost of seconds on its first 
 :func:`apply_rope_` rotates in place. ``benchmarks/run.py`` (``make bench``) measures them against
 transformers, rotary-embedding-torch and torchtune.
 """
+
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Callable
 
 import torch
 
-from ._checks import (LAYOUTS, as_positions, check_head_dim, check_inv_freq, check_layout, check_seq_dim, require_int,
-                      require_real_floating, require_tensor)
+from ._checks import (
+    LAYOUTS,
+    as_positions,
+    check_head_dim,
+    check_inv_freq,
+    check_layout,
+    check_seq_dim,
+    require_int,
+    require_real_floating,
+    require_tensor,
+)
 from ._rope_kernels import RotationEngine, tables_fit
 from .encodings import PositionalEncoding
 from .rope_types import DEFAULT_THETA, ROPE_TYPES, check_rope_parameters, rope_frequencies
@@ -118,8 +128,10 @@ def _align_table(table: torch.Tensor, x: torch.Tensor, axis: int = -2) -> torch.
 
 
 def _sequence_length_message(what: str, length: int, x_name: str, x, axis: int) -> str:
-    message = (f"{what} {length} positions but {x_name} {tuple(x.shape)} has sequence length {x.shape[axis]} on "
-               f"axis seq_dim={axis}")
+    message = (
+        f"{what} {length} positions but {x_name} {tuple(x.shape)} has sequence length {x.shape[axis]} on "
+        f"axis seq_dim={axis}"
+    )
     other = -3 if axis == -2 else -2
     if x.ndim >= 3 and x.shape[other] == length:
         layout = "(B, T, H, D)" if other == -3 else "(B, H, T, D)"
@@ -138,26 +150,33 @@ def _check_apply(x, cos, sin, seq_dim, name: str = "x") -> int:
         raise ValueError(f"{name} must have shape (..., T, D), got shape {tuple(x.shape)}")
     axis = -2 if seq_dim is None else check_seq_dim(seq_dim, x.ndim)
     if cos.ndim < 2 or cos.ndim > x.ndim:
-        raise ValueError(f"cos must have shape (T, R/2) or (B, T, R/2), got {tuple(cos.shape)} for {name} "
-                         f"{tuple(x.shape)}")
+        raise ValueError(
+            f"cos must have shape (T, R/2) or (B, T, R/2), got {tuple(cos.shape)} for {name} {tuple(x.shape)}"
+        )
     rotary_dim, head_dim = 2 * cos.shape[-1], x.shape[-1]
     if head_dim % 2:
         raise ValueError(f"the head dimension of {name} (last axis) must be even, got {head_dim}")
     if rotary_dim > head_dim:
-        raise ValueError(f"cos/sin cover {rotary_dim} features but {name} has head dimension {head_dim}; expected "
-                         f"2 * cos.shape[-1] <= D")
+        raise ValueError(
+            f"cos/sin cover {rotary_dim} features but {name} has head dimension {head_dim}; expected "
+            f"2 * cos.shape[-1] <= D"
+        )
     aligned = cos.ndim == x.ndim
     length = cos.shape[axis] if aligned else cos.shape[-2]
     if length != x.shape[axis]:
         raise ValueError(_sequence_length_message("cos/sin have", length, name, x, axis))
     if not aligned and cos.ndim - 2 > x.ndim + axis:
-        raise ValueError(f"cos/sin {tuple(cos.shape)} have batch axes but {name} {tuple(x.shape)} has none before "
-                         f"its sequence axis seq_dim={axis}")
+        raise ValueError(
+            f"cos/sin {tuple(cos.shape)} have batch axes but {name} {tuple(x.shape)} has none before "
+            f"its sequence axis seq_dim={axis}"
+        )
     if seq_dim is None and x.ndim >= 4 and not aligned and not torch.compiler.is_compiling():
         if length > 1 and x.shape[-3] == length:
-            raise ValueError(f"ambiguous sequence axis: cos/sin have {length} positions and both axis -2 and axis -3 "
-                             f"of {name} {tuple(x.shape)} have length {length}; pass seq_dim=-2 for a (B, H, T, D) "
-                             f"tensor or seq_dim=-3 for a (B, T, H, D) tensor")
+            raise ValueError(
+                f"ambiguous sequence axis: cos/sin have {length} positions and both axis -2 and axis -3 "
+                f"of {name} {tuple(x.shape)} have length {length}; pass seq_dim=-2 for a (B, H, T, D) "
+                f"tensor or seq_dim=-3 for a (B, T, H, D) tensor"
+            )
     return axis
 
 
@@ -267,25 +286,32 @@ def _route(q, k, cos, sin, layout: str, axis: int, compiled: bool, in_place: boo
         if _ENGINE.small_fits(q, k, cos_full, sin_full):
             if k is None:
                 return _ENGINE.rotate_full(q, cos_full, sin_full, layout)
-            return _ENGINE.rotate_full(q, cos_full, sin_full, layout), _ENGINE.rotate_full(k, cos_full, sin_full, layout)
+            return _ENGINE.rotate_full(q, cos_full, sin_full, layout), _ENGINE.rotate_full(
+                k, cos_full, sin_full, layout
+            )
     if cos is None:
-        cos, sin = _half_tables(*full, layout)
+        cos, sin = _half_tables(full[0], full[1], layout)
     cos, sin = _align_table(cos, q, axis), _align_table(sin, q, axis)
     if in_place:
         if not tables_fit(q, cos):
-            raise ValueError(f"cos/sin of shape {tuple(cos.shape)} do not broadcast to x of shape {tuple(q.shape)}; "
-                             "apply_rope_ cannot grow x in place")
+            raise ValueError(
+                f"cos/sin of shape {tuple(cos.shape)} do not broadcast to x of shape {tuple(q.shape)}; "
+                "apply_rope_ cannot grow x in place"
+            )
         if compiled and not torch.compiler.is_compiling():
             return _ENGINE.compiled_in_place(q, cos, sin, layout)
         return _ENGINE.rotate_in_place(q, cos, sin, layout)
+    rotate: Callable[..., torch.Tensor]
     if compiled and not torch.compiler.is_compiling():
         rotate = _ENGINE.compiled
     else:
         if _ENGINE.small_fits(q, k, cos, sin):
-            full = _full_tables(cos, sin, layout)
+            cos_full, sin_full = _full_tables(cos, sin, layout)
             if k is None:
-                return _ENGINE.rotate_full(q, *full, layout)
-            return _ENGINE.rotate_full(q, *full, layout), _ENGINE.rotate_full(k, *full, layout)
+                return _ENGINE.rotate_full(q, cos_full, sin_full, layout)
+            return _ENGINE.rotate_full(q, cos_full, sin_full, layout), _ENGINE.rotate_full(
+                k, cos_full, sin_full, layout
+            )
         rotate = _ENGINE.rotate_default
     if k is None:
         return rotate(q, cos, sin, layout)
@@ -294,8 +320,15 @@ def _route(q, k, cos, sin, layout: str, axis: int, compiled: bool, in_place: boo
     return rotate(q, cos, sin, layout), rotate(k, cos, sin, layout)
 
 
-def apply_rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, layout: str = "half", *,
-               seq_dim: int | None = None, compiled: bool = False) -> torch.Tensor:
+def apply_rope(
+    x: torch.Tensor,
+    cos: torch.Tensor,
+    sin: torch.Tensor,
+    layout: str = "half",
+    *,
+    seq_dim: int | None = None,
+    compiled: bool = False,
+) -> torch.Tensor:
     """Rotate each feature pair of ``x`` by its angle.
 
     Args:
@@ -321,8 +354,16 @@ def apply_rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, layout: st
     return _route(x, None, cos, sin, layout, axis, compiled)
 
 
-def apply_rope_qk(q: torch.Tensor, k: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, layout: str = "half", *,
-                  seq_dim: int | None = None, compiled: bool = False) -> tuple[torch.Tensor, torch.Tensor]:
+def apply_rope_qk(
+    q: torch.Tensor,
+    k: torch.Tensor,
+    cos: torch.Tensor,
+    sin: torch.Tensor,
+    layout: str = "half",
+    *,
+    seq_dim: int | None = None,
+    compiled: bool = False,
+) -> tuple[torch.Tensor, torch.Tensor]:
     """:func:`apply_rope` of queries and keys with one set of tables, in one call (one kernel launch on CUDA).
 
     Args:
@@ -341,8 +382,15 @@ def apply_rope_qk(q: torch.Tensor, k: torch.Tensor, cos: torch.Tensor, sin: torc
     return _route(q, k, cos, sin, layout, axis, compiled)
 
 
-def apply_rope_(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, layout: str = "half", *,
-                seq_dim: int | None = None, compiled: bool = False) -> torch.Tensor:
+def apply_rope_(
+    x: torch.Tensor,
+    cos: torch.Tensor,
+    sin: torch.Tensor,
+    layout: str = "half",
+    *,
+    seq_dim: int | None = None,
+    compiled: bool = False,
+) -> torch.Tensor:
     """:func:`apply_rope` in place: overwrite ``x`` with its rotation and return ``x``.
 
     Args:
@@ -367,8 +415,10 @@ def _check_offset(offset, batch, name: str = "offset", check_sign: bool = True):
         if offset.ndim == 0:
             offset = offset.reshape(1)
         if offset.ndim != 1 or (batch is not None and offset.shape[0] not in (1, batch)):
-            raise ValueError(f"{name} must be an int or a tensor of shape (B,) with one offset per sequence "
-                             f"(B = {batch}), got shape {tuple(offset.shape)}")
+            raise ValueError(
+                f"{name} must be an int or a tensor of shape (B,) with one offset per sequence "
+                f"(B = {batch}), got shape {tuple(offset.shape)}"
+            )
         if check_sign:
             _refuse_negative(name, offset)
         return offset[:, None]
@@ -382,8 +432,12 @@ def _check_offset(offset, batch, name: str = "offset", check_sign: bool = True):
 
 def _refuse_negative(name: str, values: torch.Tensor) -> None:
     """Positions are >= 0: a negative one is refused where its value can be read for free (the CPU, eager)."""
-    if (values.device.type == "cpu" and not torch.compiler.is_compiling() and values.numel()
-            and bool((values < 0).any())):
+    if (
+        values.device.type == "cpu"
+        and not torch.compiler.is_compiling()
+        and values.numel()
+        and bool((values < 0).any())
+    ):
         raise ValueError(f"{name} must be >= 0 (positions start at 0), got a minimum of {values.min().item()}")
 
 
@@ -391,14 +445,23 @@ def _varlen_positions(cu_seqlens, total, offset, device):
     """Positions ``(total,)`` of sequences packed along one axis: ``i - cu_seqlens[n]`` for the ``i``-th packed
     token of sequence ``n`` (plus ``offset[n]``). Tensor operations only: no host sync, traceable."""
     require_tensor("cu_seqlens", cu_seqlens)
-    if cu_seqlens.ndim != 1 or cu_seqlens.shape[0] < 2 or cu_seqlens.is_floating_point() or \
-            cu_seqlens.dtype == torch.bool or cu_seqlens.is_complex():
-        raise ValueError(f"cu_seqlens must be a 1-D integer tensor (N + 1,) of cumulative sequence lengths "
-                         f"starting at 0, got {cu_seqlens.dtype} {tuple(cu_seqlens.shape)}")
+    if (
+        cu_seqlens.ndim != 1
+        or cu_seqlens.shape[0] < 2
+        or cu_seqlens.is_floating_point()
+        or cu_seqlens.dtype == torch.bool
+        or cu_seqlens.is_complex()
+    ):
+        raise ValueError(
+            f"cu_seqlens must be a 1-D integer tensor (N + 1,) of cumulative sequence lengths "
+            f"starting at 0, got {cu_seqlens.dtype} {tuple(cu_seqlens.shape)}"
+        )
     if cu_seqlens.device.type == "cpu" and not torch.compiler.is_compiling():
         if int(cu_seqlens[0]) != 0 or int(cu_seqlens[-1]) != total or bool((cu_seqlens.diff() < 0).any()):
-            raise ValueError(f"cu_seqlens must start at 0, never decrease and end at the packed length {total}, "
-                             f"got {cu_seqlens.tolist()}")
+            raise ValueError(
+                f"cu_seqlens must start at 0, never decrease and end at the packed length {total}, "
+                f"got {cu_seqlens.tolist()}"
+            )
     cu_seqlens = cu_seqlens.to(device=device, dtype=torch.int64)
     index = torch.arange(total, device=device)
     sequence = torch.searchsorted(cu_seqlens[1:], index, right=True).clamp_(max=cu_seqlens.shape[0] - 2)
@@ -421,8 +484,17 @@ def _batch_size(x, axis):
     return x.shape[0] if x.ndim + axis >= 1 else None
 
 
-def rotate(x, positions=None, inv_freq=None, attention_factor: float = 1.0, layout: str = "half", offset=0, *,
-           seq_dim: int | None = None, cu_seqlens=None) -> torch.Tensor:
+def rotate(
+    x,
+    positions=None,
+    inv_freq=None,
+    attention_factor: float = 1.0,
+    layout: str = "half",
+    offset=0,
+    *,
+    seq_dim: int | None = None,
+    cu_seqlens=None,
+) -> torch.Tensor:
     """RoPE in one call: rotate ``x`` at ``positions``.
 
     Args:
@@ -461,19 +533,23 @@ def rotate(x, positions=None, inv_freq=None, attention_factor: float = 1.0, layo
         _check_positions(positions, x, axis)
         offset = _check_offset(offset, _batch_size(x, axis))
         if not (isinstance(offset, int) and offset == 0):
-            positions = positions + offset.to(positions.device) if isinstance(offset, torch.Tensor) else \
-                positions + offset
+            positions = (
+                positions + offset.to(positions.device) if isinstance(offset, torch.Tensor) else positions + offset
+            )
     cos, sin = rope_cos_sin(positions, inv_freq.to(x.device), attention_factor)
     return apply_rope(x, cos, sin, layout, seq_dim=seq_dim)
 
 
 def _check_positions(positions, x, axis, name="positions", x_name="x"):
     if positions.shape[-1] != x.shape[axis]:
-        raise ValueError(_sequence_length_message(f"{name} {tuple(positions.shape)} hold", positions.shape[-1],
-                                                  x_name, x, axis))
+        raise ValueError(
+            _sequence_length_message(f"{name} {tuple(positions.shape)} hold", positions.shape[-1], x_name, x, axis)
+        )
     if positions.ndim == 2 and x.ndim + axis >= 1 and positions.shape[0] not in (1, x.shape[0]):
-        raise ValueError(f"{name} {tuple(positions.shape)} have batch size {positions.shape[0]} but {x_name} "
-                         f"{tuple(x.shape)} has batch size {x.shape[0]} on axis 0")
+        raise ValueError(
+            f"{name} {tuple(positions.shape)} have batch size {positions.shape[0]} but {x_name} "
+            f"{tuple(x.shape)} has batch size {x.shape[0]} on axis 0"
+        )
 
 
 def rope_matrix(position: float, inv_freq: torch.Tensor, layout: str = "half", head_dim: int | None = None):
@@ -529,7 +605,9 @@ def permute_qk_weight(weight: torch.Tensor, n_heads: int, to: str = "half") -> t
     require_int("n_heads", n_heads, minimum=1)
     check_layout(to, "to")
     if weight.ndim not in (1, 2) or weight.shape[0] % n_heads:
-        raise ValueError(f"weight must have shape (n_heads * D, d_in) with n_heads={n_heads}, got {tuple(weight.shape)}")
+        raise ValueError(
+            f"weight must have shape (n_heads * D, d_in) with n_heads={n_heads}, got {tuple(weight.shape)}"
+        )
     head_dim = weight.shape[0] // n_heads
     perm = interleaved_to_half_permutation(head_dim, device=weight.device)
     if to == "interleaved":
@@ -579,8 +657,15 @@ class RotaryEmbedding(PositionalEncoding):
     _fixed_dtype_buffers = ("inv_freq",)
     inv_freq: torch.Tensor  # (R/2,) float32, a non-persistent buffer
 
-    def __init__(self, head_dim: int, rope_parameters: dict | None = None, max_position_embeddings: int = 2048,
-                 layout: str = "half", compiled: bool = False, seq_dim: int | None = None):
+    def __init__(
+        self,
+        head_dim: int,
+        rope_parameters: dict | None = None,
+        max_position_embeddings: int = 2048,
+        layout: str = "half",
+        compiled: bool = False,
+        seq_dim: int | None = None,
+    ):
         super().__init__()
         head_dim = check_head_dim(head_dim)
         max_position_embeddings = require_int("max_position_embeddings", max_position_embeddings, minimum=1)
@@ -597,12 +682,21 @@ class RotaryEmbedding(PositionalEncoding):
         self.register_buffer("inv_freq", inv_freq, persistent=False)
         # (key, cos (N, R/2), sin (N, R/2), full (N, 2, R)) for the static rope types: cos and sin are views of
         # full, which holds each row widened to one entry per feature (see _full_tables)
-        self._table_cache = None
+        self._table_cache: tuple | None = None
         self._checked: dict = {}  # (q.shape, k.shape, seq_dim) -> sequence axis, for eager calls
 
     if TYPE_CHECKING:  # what a type checker sees of module(q, k, ...): nn.Module's __call__ returns Any
-        def __call__(self, q: torch.Tensor, k: torch.Tensor, positions=None, offset=0, *, seq_dim: int | None = None,
-                     cu_seqlens=None) -> tuple[torch.Tensor, torch.Tensor]: ...
+
+        def __call__(
+            self,
+            q: torch.Tensor,
+            k: torch.Tensor,
+            positions=None,
+            offset=0,
+            *,
+            seq_dim: int | None = None,
+            cu_seqlens=None,
+        ) -> tuple[torch.Tensor, torch.Tensor]: ...
 
     def _frequencies_for(self, positions: torch.Tensor, seq_len=None):
         # dynamic NTK and LongRoPE pick their table from the length actually reached; rope_parameters were checked
@@ -615,8 +709,9 @@ class RotaryEmbedding(PositionalEncoding):
             parameters = self.rope_parameters
             if "rope_theta" not in parameters:
                 parameters = {**parameters, "rope_theta": DEFAULT_THETA}
-            return self._rope_type.function(self.head_dim, parameters, self.max_position_embeddings, seq_len,
-                                            self.inv_freq.device)
+            return self._rope_type.function(
+                self.head_dim, parameters, self.max_position_embeddings, seq_len, self.inv_freq.device
+            )
         return self.inv_freq, self.attention_factor
 
     def cos_sin(self, positions, seq_len=None):
@@ -659,11 +754,12 @@ class RotaryEmbedding(PositionalEncoding):
     def _cached_cos_sin(self, offset: int, length: int):
         """Rows ``offset .. offset + length - 1`` of the cached tables (views): no host sync."""
         cache = self._cache(offset + length)
-        return cache[1][offset:offset + length], cache[2][offset:offset + length]
+        return cache[1][offset : offset + length], cache[2][offset : offset + length]
 
     def _gathered(self, positions):
         """``(None, None, (cos_full, sin_full))``: the full-width tables ``(*P, T, R)`` of integer CPU ``positions``
-        ``(*P, T)`` read from the cache by index (one gather for both), or None where the cache does not serve them (a position past it or
+        ``(*P, T)`` read from the cache by index (one gather for both), or None where the cache does not serve them (a
+        position past it or
         negative: the caller then checks and computes). Eager CPU calls only: an index out of range is an error
         there, not a device fault."""
         limit = max(CACHE_LIMIT, self.max_position_embeddings)
@@ -697,8 +793,10 @@ class RotaryEmbedding(PositionalEncoding):
                 raise ValueError(f"{name} must have head dimension {self.head_dim} (last axis), got {t.shape[-1]}")
         axis = -2 if seq_dim is None else check_seq_dim(seq_dim, q.ndim, "seq_dim")
         if k.ndim == q.ndim and k.shape[axis] != q.shape[axis]:
-            message = (f"q {tuple(q.shape)} and k {tuple(k.shape)} must have the same length on the sequence axis "
-                       f"seq_dim={axis}")
+            message = (
+                f"q {tuple(q.shape)} and k {tuple(k.shape)} must have the same length on the sequence axis "
+                f"seq_dim={axis}"
+            )
             other = -3 if axis == -2 else -2
             if q.ndim >= 3 and k.shape[other] == q.shape[other]:
                 message += f"; they agree on axis {other}: if that is the sequence axis, pass seq_dim={other}"
@@ -749,11 +847,18 @@ class RotaryEmbedding(PositionalEncoding):
     def _serves_by_index(self, positions, x) -> bool:
         """Whether integer ``positions`` may be read from the cache by index: static rope types, on the CPU in
         eager calls (where reading the values costs no device sync and a bad index is an error, not a fault)."""
-        return not (self._uses_seq_len or positions.device.type != "cpu" or x.device != positions.device
-                    or positions.is_floating_point() or torch.compiler.is_compiling() or positions.numel() == 0)
+        return not (
+            self._uses_seq_len
+            or positions.device.type != "cpu"
+            or x.device != positions.device
+            or positions.is_floating_point()
+            or torch.compiler.is_compiling()
+            or positions.numel() == 0
+        )
 
-    def forward(self, q: torch.Tensor, k: torch.Tensor, positions=None, offset=0, *,
-                seq_dim: int | None = None, cu_seqlens=None) -> tuple[torch.Tensor, torch.Tensor]:
+    def forward(
+        self, q: torch.Tensor, k: torch.Tensor, positions=None, offset=0, *, seq_dim: int | None = None, cu_seqlens=None
+    ) -> tuple[torch.Tensor, torch.Tensor]:
         """Rotate queries and keys at their positions.
 
         Args:
@@ -778,7 +883,7 @@ class RotaryEmbedding(PositionalEncoding):
         axis = self._check_qk(q, k, seq_dim)
         cos, sin, full = self._tables(q, axis, positions, offset, cu_seqlens)
         if cos is None:
-            cos, sin = _half_tables(*full, self.layout)
+            cos, sin = _half_tables(full[0], full[1], self.layout)
         # the tables against q (and k): an ambiguous unset seq_dim, batch axes; remembered per shape signature
         _checked_axis(q, cos, sin, axis if seq_dim is None and self.seq_dim is not None else seq_dim, "q")
         if k.ndim != q.ndim:
@@ -788,13 +893,27 @@ class RotaryEmbedding(PositionalEncoding):
     def encode_qk(self, q, k, q_positions, k_positions):
         q_cos, q_sin = self.cos_sin(q_positions)
         k_cos, k_sin = self.cos_sin(k_positions)
-        return (apply_rope(q, q_cos, q_sin, self.layout, seq_dim=-2, compiled=self.compiled),
-                apply_rope(k, k_cos, k_sin, self.layout, seq_dim=-2, compiled=self.compiled))
+        return (
+            apply_rope(q, q_cos, q_sin, self.layout, seq_dim=-2, compiled=self.compiled),
+            apply_rope(k, k_cos, k_sin, self.layout, seq_dim=-2, compiled=self.compiled),
+        )
 
     def extra_repr(self) -> str:
         seq = "" if self.seq_dim is None else f", seq_dim={self.seq_dim}"
         return f"head_dim={self.head_dim}, layout={self.layout!r}, rope_parameters={self.rope_parameters}{seq}"
 
 
-__all__ = ["LAYOUTS", "pair_indices", "rope_angles", "rope_cos_sin", "apply_rope", "apply_rope_qk", "apply_rope_", "rotate", "rope_matrix",
-           "interleaved_to_half_permutation", "permute_qk_weight", "RotaryEmbedding"]
+__all__ = [
+    "LAYOUTS",
+    "pair_indices",
+    "rope_angles",
+    "rope_cos_sin",
+    "apply_rope",
+    "apply_rope_qk",
+    "apply_rope_",
+    "rotate",
+    "rope_matrix",
+    "interleaved_to_half_permutation",
+    "permute_qk_weight",
+    "RotaryEmbedding",
+]

@@ -18,6 +18,7 @@ computed the same way, operation for operation, so they are equal to transformer
 ``rope_parameters`` against it before computing anything: a key the ``rope_type`` would ignore, a required key
 that is missing, or a value transformers warns about is a ValueError, never a silently different table.
 """
+
 from __future__ import annotations
 
 import difflib
@@ -36,9 +37,7 @@ DEFAULT_THETA = 10_000.0
 def _param(rope_parameters: dict, key: str):
     value = rope_parameters.get(key)
     if value is None:
-        raise ValueError(
-            f"rope_parameters[{key!r}] is required for rope_type={rope_parameters.get('rope_type')!r}"
-        )
+        raise ValueError(f"rope_parameters[{key!r}] is required for rope_type={rope_parameters.get('rope_type')!r}")
     return value
 
 
@@ -234,13 +233,32 @@ ROPE_TYPES: dict[str, RopeType] = {
     "default": RopeType(default_frequencies, (), (), False),
     "linear": RopeType(linear_frequencies, ("factor",), (), False),
     "dynamic": RopeType(dynamic_frequencies, ("factor",), (), True),
-    "yarn": RopeType(yarn_frequencies, ("factor",),
-                     ("original_max_position_embeddings", "attention_factor", "beta_fast", "beta_slow", "mscale",
-                      "mscale_all_dim", "truncate"), False),
-    "longrope": RopeType(longrope_frequencies, ("short_factor", "long_factor"),
-                         ("original_max_position_embeddings", "attention_factor", "factor"), True),
-    "llama3": RopeType(llama3_frequencies, ("factor", "low_freq_factor", "high_freq_factor"),
-                       ("original_max_position_embeddings",), False),
+    "yarn": RopeType(
+        yarn_frequencies,
+        ("factor",),
+        (
+            "original_max_position_embeddings",
+            "attention_factor",
+            "beta_fast",
+            "beta_slow",
+            "mscale",
+            "mscale_all_dim",
+            "truncate",
+        ),
+        False,
+    ),
+    "longrope": RopeType(
+        longrope_frequencies,
+        ("short_factor", "long_factor"),
+        ("original_max_position_embeddings", "attention_factor", "factor"),
+        True,
+    ),
+    "llama3": RopeType(
+        llama3_frequencies,
+        ("factor", "low_freq_factor", "high_freq_factor"),
+        ("original_max_position_embeddings",),
+        False,
+    ),
     "proportional": RopeType(proportional_frequencies, (), (), False),
 }
 
@@ -250,7 +268,11 @@ ROPE_FREQUENCY_FUNCTIONS: dict[str, RopeFrequencyFn] = {name: spec.function for 
 
 def _is_number(value: Any) -> bool:
     # finite, written with comparisons rather than math.isfinite so that torch.compile can trace it
-    return not isinstance(value, bool) and isinstance(value, (int, float, numbers.Real)) and -math.inf < cast(float, value) < math.inf
+    return (
+        not isinstance(value, bool)
+        and isinstance(value, (int, float, numbers.Real))
+        and -math.inf < cast(float, value) < math.inf
+    )
 
 
 # What each key must hold, as (test, what was expected). None is accepted for optional keys (transformers reads
@@ -262,7 +284,9 @@ _VALUE_RULES: dict[str, tuple[Callable[[Any], bool], str]] = {
     "low_freq_factor": (lambda v: _is_number(v) and v > 0, "a number > 0"),
     "high_freq_factor": (lambda v: _is_number(v) and v > 0, "a number > 0"),
     "original_max_position_embeddings": (
-        lambda v: isinstance(v, numbers.Integral) and not isinstance(v, bool) and int(v) >= 1, "an int >= 1"),
+        lambda v: isinstance(v, numbers.Integral) and not isinstance(v, bool) and int(v) >= 1,
+        "an int >= 1",
+    ),
     "attention_factor": (lambda v: _is_number(v) and v >= 0, "a number >= 0"),
     "beta_fast": (_is_number, "a number"),
     "beta_slow": (_is_number, "a number"),
@@ -299,15 +323,19 @@ def check_rope_parameters(rope_parameters: dict | None) -> dict:
     rope_parameters = dict(rope_parameters or {})
     nested = per_layer_types(rope_parameters)
     if nested:
-        raise ValueError(f"rope_parameters holds one dict per layer type ({', '.join(map(repr, nested))}), as "
-                         "Gemma 3's config does, where one set of parameters is expected: pass one of them, e.g. "
-                         f"rope_parameters[{nested[0]!r}], or posenc.rope_parameters_from_config(config, "
-                         "layer_type=...)")
+        raise ValueError(
+            f"rope_parameters holds one dict per layer type ({', '.join(map(repr, nested))}), as "
+            "Gemma 3's config does, where one set of parameters is expected: pass one of them, e.g. "
+            f"rope_parameters[{nested[0]!r}], or posenc.rope_parameters_from_config(config, "
+            "layer_type=...)"
+        )
     if "type" in rope_parameters:  # the legacy name (rope_scaling = {"type": ...}), as transformers accepts it
         legacy = rope_parameters.pop("type")
         if rope_parameters.setdefault("rope_type", legacy) != legacy:
-            raise ValueError(f"rope_parameters['type'] (the legacy name of 'rope_type') is {legacy!r} but "
-                             f"rope_parameters['rope_type'] is {rope_parameters['rope_type']!r}: give one of them")
+            raise ValueError(
+                f"rope_parameters['type'] (the legacy name of 'rope_type') is {legacy!r} but "
+                f"rope_parameters['rope_type'] is {rope_parameters['rope_type']!r}: give one of them"
+            )
     rope_type = rope_parameters.setdefault("rope_type", "default")
     if rope_type not in ROPE_TYPES:
         close = difflib.get_close_matches(str(rope_type), list(ROPE_TYPES), n=1, cutoff=0.6)
@@ -320,9 +348,11 @@ def check_rope_parameters(rope_parameters: dict | None) -> dict:
             raise ValueError(_unknown_key_message(key, rope_type, spec))
     for key in spec.required:
         if rope_parameters.get(key) is None:
-            raise ValueError(f"rope_parameters[{key!r}] is required for rope_type={rope_type!r}: expected "
-                             f"{_VALUE_RULES[key][1]}. Valid keys for rope_type={rope_type!r}: "
-                             f"{', '.join(sorted(accepted))}.")
+            raise ValueError(
+                f"rope_parameters[{key!r}] is required for rope_type={rope_type!r}: expected "
+                f"{_VALUE_RULES[key][1]}. Valid keys for rope_type={rope_type!r}: "
+                f"{', '.join(sorted(accepted))}."
+            )
     for key, value in rope_parameters.items():
         if key == "rope_type" or (value is None and key not in _NONE_IS_NOT_ABSENT):
             continue
@@ -331,12 +361,15 @@ def check_rope_parameters(rope_parameters: dict | None) -> dict:
             raise ValueError(f"rope_parameters[{key!r}] must be {expected} for rope_type={rope_type!r}, got {value!r}")
     low, high = rope_parameters.get("low_freq_factor"), rope_parameters.get("high_freq_factor")
     if low is not None and high is not None and not high > low:
-        raise ValueError(f"rope_parameters['high_freq_factor'] must be greater than 'low_freq_factor', got "
-                         f"{high!r} and {low!r}")
+        raise ValueError(
+            f"rope_parameters['high_freq_factor'] must be greater than 'low_freq_factor', got {high!r} and {low!r}"
+        )
     beta_fast, beta_slow = rope_parameters.get("beta_fast") or 32, rope_parameters.get("beta_slow") or 1
     if beta_fast < beta_slow:
-        raise ValueError(f"rope_parameters['beta_fast'] (default 32) must be >= 'beta_slow' (default 1), got "
-                         f"{beta_fast!r} and {beta_slow!r}")
+        raise ValueError(
+            f"rope_parameters['beta_fast'] (default 32) must be >= 'beta_slow' (default 1), got "
+            f"{beta_fast!r} and {beta_slow!r}"
+        )
     return rope_parameters
 
 
@@ -351,8 +384,12 @@ def per_layer_types(rope_parameters) -> list[str]:
 
 
 # legacy config attributes (before transformers gathered them in rope_parameters) -> rope_parameters keys
-_LEGACY_ATTRIBUTES = {"rope_theta": "rope_theta", "partial_rotary_factor": "partial_rotary_factor",
-                      "rotary_pct": "partial_rotary_factor", "rotary_emb_base": "rope_theta"}
+_LEGACY_ATTRIBUTES = {
+    "rope_theta": "rope_theta",
+    "partial_rotary_factor": "partial_rotary_factor",
+    "rotary_pct": "partial_rotary_factor",
+    "rotary_emb_base": "rope_theta",
+}
 
 
 def rope_parameters_from_config(config, layer_type: str | None = None) -> dict:
@@ -369,6 +406,7 @@ def rope_parameters_from_config(config, layer_type: str | None = None) -> dict:
     if isinstance(config, dict):
         get = config.get
     elif hasattr(config, "to_dict") or hasattr(config, "max_position_embeddings"):
+
         def get(key, default=None):
             return getattr(config, key, default)
     else:
@@ -379,16 +417,19 @@ def rope_parameters_from_config(config, layer_type: str | None = None) -> dict:
     nested = per_layer_types(parameters)
     if nested:
         if layer_type is None:
-            raise ValueError(f"this config has one rope_parameters per layer type ({', '.join(map(repr, nested))}): "
-                             "pass layer_type= one of them")
+            raise ValueError(
+                f"this config has one rope_parameters per layer type ({', '.join(map(repr, nested))}): "
+                "pass layer_type= one of them"
+            )
         if layer_type not in nested:
             raise ValueError(f"layer_type must be one of {', '.join(map(repr, nested))}, got {layer_type!r}")
         parameters = cast(dict, parameters)[layer_type]
     elif layer_type is not None:
         types = get("layer_types", None)
         if types and layer_type not in set(types):
-            raise ValueError(f"layer_type must be one of {', '.join(map(repr, sorted(set(types))))}, got "
-                             f"{layer_type!r}")
+            raise ValueError(
+                f"layer_type must be one of {', '.join(map(repr, sorted(set(types))))}, got {layer_type!r}"
+            )
     parameters = dict(parameters or {})
     scaling = get("rope_scaling", None)
     if isinstance(scaling, dict) and not per_layer_types(scaling):
@@ -449,7 +490,9 @@ def rope_frequencies(
     require_int("max_position_embeddings", max_position_embeddings, minimum=1)
     if isinstance(seq_len, torch.Tensor):
         if seq_len.ndim != 0 or seq_len.is_floating_point() or seq_len.is_complex() or seq_len.dtype == torch.bool:
-            raise TypeError(f"seq_len must be an int or a 0-d integer tensor, got {seq_len.dtype} {tuple(seq_len.shape)}")
+            raise TypeError(
+                f"seq_len must be an int or a 0-d integer tensor, got {seq_len.dtype} {tuple(seq_len.shape)}"
+            )
     elif seq_len is not None:
         seq_len = require_int("seq_len", seq_len, minimum=1)
     rope_parameters = check_rope_parameters(rope_parameters)

@@ -17,6 +17,7 @@ Pairs are numbered as in posenc: pair ``i`` holds features ``i`` and ``i + R/2``
 layout; features ``2i`` and ``2i + 1`` in the interleaved layout) and turns at ``inv_freq[i]``, so pair 0 is the
 fastest.
 """
+
 from __future__ import annotations
 
 from collections.abc import Iterable
@@ -68,8 +69,20 @@ class PosencRope:
     the rotated features, the whole head for most models).
     """
 
-    def __init__(self, model, rope_parameters, inv_freq, attention_factor, max_position_embeddings,
-                 unrotate_pairs, drop_pairs, rotate_pairs, nope_layers, capture_layers, rounding="float32"):
+    def __init__(
+        self,
+        model,
+        rope_parameters,
+        inv_freq,
+        attention_factor,
+        max_position_embeddings,
+        unrotate_pairs,
+        drop_pairs,
+        rotate_pairs,
+        nope_layers,
+        capture_layers,
+        rounding="float32",
+    ):
         if rounding not in ROUNDINGS:
             raise ValueError(f"rounding must be one of {', '.join(map(repr, ROUNDINGS))}, got {rounding!r}")
         _, decoder = structure.find_decoder(model)
@@ -81,19 +94,21 @@ class PosencRope:
         self.rotary = decoder.rotary_emb
         self.layers = list(decoder.layers)
         self.attentions = [structure.attention_of(layer) for layer in self.layers]
-        self.layer_types = (sorted(set(config.layer_types)) if structure.rotary_takes_layer_type(self.rotary)
-                            else [None])
+        self.layer_types = sorted(set(config.layer_types)) if structure.rotary_takes_layer_type(self.rotary) else [None]
         own = {t: structure.own_tables(self.rotary, t) for t in self.layer_types}
         self.head_dim = getattr(config, "head_dim", None) or config.hidden_size // config.num_attention_heads
-        self.max_position_embeddings = (config.max_position_embeddings if max_position_embeddings is None
-                                        else max_position_embeddings)
+        self.max_position_embeddings = (
+            config.max_position_embeddings if max_position_embeddings is None else max_position_embeddings
+        )
         self.parameters = self._parameters(rope_parameters, inv_freq, attention_factor)
         self.pairs = pairs = self._table(self.layer_types[0], 1)[0].shape[0]
         own_pairs = own[self.layer_types[0]][0].shape[-1] // 2
         if pairs != own_pairs:
             given = "inv_freq" if inv_freq is not None else "rope_parameters" if rope_parameters is not None else None
-            message = (f"the model's rotary embedding rotates {own_pairs} pairs per head, "
-                       f"{given or 'the table read from its config'} gives {pairs}")
+            message = (
+                f"the model's rotary embedding rotates {own_pairs} pairs per head, "
+                f"{given or 'the table read from its config'} gives {pairs}"
+            )
             raise ValueError(message) if given else TypeError(message)
 
         unrotate = _pair_set("unrotate_pairs", unrotate_pairs, pairs)
@@ -127,8 +142,10 @@ class PosencRope:
         self._plans = [self._plan(index, own, probed) for index in range(n_layers)]
         layouts = sorted({plan[2] for plan in self._plans})
         if len(layouts) > 1:
-            raise TypeError(f"use_posenc_rope: the layers of {type(model).__name__} rotate in different layouts "
-                            f"({', '.join(layouts)})")
+            raise TypeError(
+                f"use_posenc_rope: the layers of {type(model).__name__} rotate in different layouts "
+                f"({', '.join(layouts)})"
+            )
         self.layout = layouts[0]
         self.rotations = [plan[3] for plan in self._plans]
         if rope_parameters is None and inv_freq is None:
@@ -149,19 +166,25 @@ class PosencRope:
         if attention_factor is not None:
             raise ValueError("attention_factor goes with inv_freq; rope_parameters sets its own")
         if rope_parameters is None:
-            return {t: check_rope_parameters(rope_parameters_from_config(self.config, layer_type=t))
-                    for t in self.layer_types}
+            return {
+                t: check_rope_parameters(rope_parameters_from_config(self.config, layer_type=t))
+                for t in self.layer_types
+            }
         if not isinstance(rope_parameters, dict):
             raise TypeError(f"rope_parameters must be None or a dict, got {type(rope_parameters).__name__}")
         nested = per_layer_types(rope_parameters)
         if nested:
             if self.layer_types == [None]:
-                raise ValueError(f"this model has one rotary table; rope_parameters is per layer type "
-                                 f"({', '.join(map(repr, nested))})")
+                raise ValueError(
+                    f"this model has one rotary table; rope_parameters is per layer type "
+                    f"({', '.join(map(repr, nested))})"
+                )
             missing = [t for t in self.layer_types if t not in nested]
             if missing:
-                raise ValueError(f"rope_parameters must give every layer type of the model "
-                                 f"({', '.join(map(repr, self.layer_types))}); missing {missing}")
+                raise ValueError(
+                    f"rope_parameters must give every layer type of the model "
+                    f"({', '.join(map(repr, self.layer_types))}); missing {missing}"
+                )
             return {t: check_rope_parameters(rope_parameters[t]) for t in self.layer_types}
         return {t: check_rope_parameters(rope_parameters) for t in self.layer_types}
 
@@ -173,8 +196,9 @@ class PosencRope:
             return spec[1], spec[2]
         uses_length = ROPE_TYPES[spec["rope_type"]].uses_seq_len
         device = seq_len.device if isinstance(seq_len, torch.Tensor) else None
-        return rope_frequencies(self.head_dim, spec, self.max_position_embeddings,
-                                seq_len if uses_length else None, device=device)
+        return rope_frequencies(
+            self.head_dim, spec, self.max_position_embeddings, seq_len if uses_length else None, device=device
+        )
 
     def _masked(self, inv_freq: torch.Tensor) -> torch.Tensor:
         return inv_freq.masked_fill(self._unrotate.to(inv_freq.device), 0.0) if self._has_unrotate else inv_freq
@@ -226,9 +250,11 @@ class PosencRope:
             cos, sin = (self._full(t) for t in rope_cos_sin(positions, inv_freq, factor))
             error = max((cos - own_cos).abs().max().item(), (sin - own_sin).abs().max().item())
             if not error <= 1e-5:
-                raise ValueError(f"posenc's table read from the config of {type(self.model).__name__} differs from its "
-                                 f"rotary embedding's own by {error:.2e} (layer type {layer_type!r}); pass "
-                                 f"rope_parameters or inv_freq explicitly")
+                raise ValueError(
+                    f"posenc's table read from the config of {type(self.model).__name__} differs from its "
+                    f"rotary embedding's own by {error:.2e} (layer type {layer_type!r}); pass "
+                    f"rope_parameters or inv_freq explicitly"
+                )
 
     def _buffer_dtype(self, layer_type) -> torch.dtype:
         """The dtype of the rotary embedding's own frequency buffer (``inv_freq``, or ``<layer_type>_inv_freq``)."""
@@ -246,8 +272,10 @@ class PosencRope:
         forward, rotations = probed[type(attention)]
         layouts = {"interleaved" if r.layout == "interleaved" else "half" for r in rotations}
         if len(layouts) > 1:
-            raise TypeError(f"use_posenc_rope: {type(attention).__name__} rotates with both the half and the "
-                            f"interleaved layout ({', '.join(r.name for r in rotations)})")
+            raise TypeError(
+                f"use_posenc_rope: {type(attention).__name__} rotates with both the half and the "
+                f"interleaved layout ({', '.join(r.name for r in rotations)})"
+            )
         replacements = {r.name: self._rotation(index, r) for r in rotations}
         return forward, replacements, layouts.pop(), {r.name: r.layout for r in rotations}
 
@@ -272,8 +300,10 @@ class PosencRope:
             if args or kwargs:
                 unsqueeze_dim = signature.bind(q, k, cos, sin, *args, **kwargs).arguments.get("unsqueeze_dim", 1)
             if unsqueeze_dim not in (1, 2):
-                raise ValueError(f"posenc rotates (B, H, L, D) or (B, L, H, D) inputs (unsqueeze_dim 1 or 2), "
-                                 f"got unsqueeze_dim={unsqueeze_dim}")
+                raise ValueError(
+                    f"posenc rotates (B, H, L, D) or (B, L, H, D) inputs (unsqueeze_dim 1 or 2), "
+                    f"got unsqueeze_dim={unsqueeze_dim}"
+                )
             half = cos.shape[-1] // 2
             if layout == "interleaved":
                 cos, sin = cos[..., 0::2], sin[..., 0::2]
@@ -316,10 +346,20 @@ class PosencRope:
         self.remove()
 
 
-def use_posenc_rope(model, rope_parameters: dict | None = None, *, inv_freq: torch.Tensor | None = None,
-                    attention_factor: float | None = None, max_position_embeddings: int | None = None,
-                    unrotate_pairs=None, drop_pairs=None, rotate_pairs=None, nope_layers=(),
-                    capture_layers=(), rounding: str = "float32") -> PosencRope:
+def use_posenc_rope(
+    model,
+    rope_parameters: dict | None = None,
+    *,
+    inv_freq: torch.Tensor | None = None,
+    attention_factor: float | None = None,
+    max_position_embeddings: int | None = None,
+    unrotate_pairs=None,
+    drop_pairs=None,
+    rotate_pairs=None,
+    nope_layers=(),
+    capture_layers=(),
+    rounding: str = "float32",
+) -> PosencRope:
     """Patch one transformers model instance to rotate with posenc; returns a :class:`PosencRope`.
 
     The patch holds until ``remove()`` (or the end of a ``with`` block, whose ``as`` target is ``model``). It
@@ -370,5 +410,16 @@ def use_posenc_rope(model, rope_parameters: dict | None = None, *, inv_freq: tor
         TypeError for a model that does not rotate with cos/sin as above, saying what was found; ValueError for
         bad pairs, layers, tables or ``rounding``; RuntimeError when the model is already patched.
     """
-    return PosencRope(model, rope_parameters, inv_freq, attention_factor, max_position_embeddings,
-                      unrotate_pairs, drop_pairs, rotate_pairs, tuple(nope_layers), tuple(capture_layers), rounding)
+    return PosencRope(
+        model,
+        rope_parameters,
+        inv_freq,
+        attention_factor,
+        max_position_embeddings,
+        unrotate_pairs,
+        drop_pairs,
+        rotate_pairs,
+        tuple(nope_layers),
+        tuple(capture_layers),
+        rounding,
+    )

@@ -4,14 +4,22 @@ import os
 import pytest
 import torch
 
-# Triton kernels run on CPU tensors through Triton's interpreter where no CUDA device is present (tests/test_triton_rope.py);
+# Triton kernels run on CPU tensors through Triton's interpreter where no CUDA device is present
+# (tests/test_triton_rope.py);
 # it must be set before triton is first imported.
 if not torch.cuda.is_available():
     os.environ.setdefault("TRITON_INTERPRET", "1")
 
 # The sizes of a tiny random transformers model: a few thousand parameters, built in milliseconds.
-TINY_SIZES = dict(vocab_size=97, hidden_size=32, intermediate_size=64, num_hidden_layers=2, num_attention_heads=4,
-                  max_position_embeddings=64, pad_token_id=0)
+TINY_SIZES = dict(
+    vocab_size=97,
+    hidden_size=32,
+    intermediate_size=64,
+    num_hidden_layers=2,
+    num_attention_heads=4,
+    max_position_embeddings=64,
+    pad_token_id=0,
+)
 
 
 @pytest.fixture(autouse=True)

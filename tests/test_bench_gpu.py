@@ -1,5 +1,6 @@
 """benchmarks/gpu.py (make bench-gpu) without a GPU: its no-CUDA path says so in one line and exits 0, and its
 measuring code runs end to end on CPU tensors with stand-in timers (every function it calls exists)."""
+
 import json
 
 import pytest
@@ -16,16 +17,32 @@ def test_without_cuda_one_line_and_exit_zero(monkeypatch, capsys, tmp_path):
 
 
 def test_kernel_rows_run_on_the_cpu_with_stand_in_timers():
-    rows = gpu.kernel_rows("tiny", (2, 4, 2, 3), torch.float32, torch.device("cpu"), backward=False, quick=True,
-                           compile_peers=False, timer=lambda f: (f() and 1.0, "stand-in"),
-                           host_timer=lambda f: 2.0)
+    rows = gpu.kernel_rows(
+        "tiny",
+        (2, 4, 2, 3),
+        torch.float32,
+        torch.device("cpu"),
+        backward=False,
+        quick=True,
+        compile_peers=False,
+        timer=lambda f: (f() and 1.0, "stand-in"),
+        host_timer=lambda f: 2.0,
+    )
     assert {"copy", "posenc"} <= set(rows)
     assert rows["posenc"]["fraction_of_copy"] == 1.0 and rows["posenc"]["max_abs_error_vs_float64"] < 1e-5
     if "transformers eager" in rows:
         assert rows["transformers eager"]["max_abs_error_vs_float64"] < 1e-5
-    backward = gpu.kernel_rows("tiny", (2, 4, 2, 3), torch.bfloat16, torch.device("cpu"), backward=True,
-                               quick=True, compile_peers=False, timer=lambda f: (f() and 1.0, "stand-in"),
-                               host_timer=lambda f: 2.0)
+    backward = gpu.kernel_rows(
+        "tiny",
+        (2, 4, 2, 3),
+        torch.bfloat16,
+        torch.device("cpu"),
+        backward=True,
+        quick=True,
+        compile_peers=False,
+        timer=lambda f: (f() and 1.0, "stand-in"),
+        host_timer=lambda f: 2.0,
+    )
     assert all("error" not in row for row in backward.values()), backward
     json.dumps(rows)
 

@@ -3,6 +3,7 @@
 The chapters assert only what their prose states; the details of the data those statements rest on are pinned
 here, so that a different copy of the model fails a named test instead of a chapter cell.
 """
+
 import pytest
 import torch
 
@@ -74,11 +75,16 @@ def test_beyond_axioms_data_matches_the_code():
 
     record = _beyond_axioms_record()
     config = tool.chapter_config()
-    expected = {key: list(value) if isinstance(value, tuple) else value
-                for key, value in dataclasses.asdict(config).items()}
+    expected = {
+        key: list(value) if isinstance(value, tuple) else value for key, value in dataclasses.asdict(config).items()
+    }
     assert record["config"] == expected
-    assert record["task"] == {"name": "CopyAfterMarker", "k": tool.K, "rate": tool.RATE,
-                              "sparse_rate": tool.SPARSE_RATE}
+    assert record["task"] == {
+        "name": "CopyAfterMarker",
+        "k": tool.K,
+        "rate": tool.RATE,
+        "sparse_rate": tool.SPARSE_RATE,
+    }
     assert record["names"] == tool.encoding_names()
     assert record["labels"] == {name: ex.encoding_label(name) for name in record["names"]}
     lengths = [str(n) for n in config.eval_lengths]
@@ -114,9 +120,11 @@ def test_beyond_axioms_budget_check_matches_the_code():
     assert budget["names"] == record["names"] + [name] and budget["alibi_slopes_name"] == name
     assert budget["alibi_slopes"] == list(tool.ALIBI_SLOPES) and budget["labels"][name] == ex.encoding_label(name)
     lengths = [str(n) for n in tool.chapter_config().eval_lengths]
-    for part_record, names, seeds in ((budget["longer"], budget["names"], budget["seeds"]),
-                                      (budget["k2"], [name], record["config"]["seeds"]),
-                                      (budget["k1"], [name], record["config"]["seeds"])):
+    for part_record, names, seeds in (
+        (budget["longer"], budget["names"], budget["seeds"]),
+        (budget["k2"], [name], record["config"]["seeds"]),
+        (budget["k1"], [name], record["config"]["seeds"]),
+    ):
         for part in ("accuracy", "sparse", "sparse_last", "sparse_not_last"):
             assert list(part_record[part]) == names
             for per_length in part_record[part].values():
@@ -168,10 +176,14 @@ def test_read_json_reads_the_committed_files_and_names_what_is_missing(tmp_path)
 
     path, record = results.read_json("todays_models.json", None, "study result", "`make todays-models` remakes it")
     assert path == results.DATA_DIR / "todays_models.json" and isinstance(record, dict)
-    with pytest.raises(FileNotFoundError, match=r"no study result at .*missing\.json: it ships with posenc as "
-                                                r"posenc/lab/data/todays_models.json; `make todays-models`"):
-        results.read_json("todays_models.json", tmp_path / "missing.json", "study result",
-                          "`make todays-models` remakes it")
+    with pytest.raises(
+        FileNotFoundError,
+        match=r"no study result at .*missing\.json: it ships with posenc as "
+        r"posenc/lab/data/todays_models.json; `make todays-models`",
+    ):
+        results.read_json(
+            "todays_models.json", tmp_path / "missing.json", "study result", "`make todays-models` remakes it"
+        )
     with pytest.raises(TypeError, match="path must be None or a path"):
         results.read_json("todays_models.json", 3, "study result", "`make todays-models` remakes it")
     assert results.cpu_name()

@@ -1,5 +1,6 @@
 """CoPE, FoX and PaTH (posenc.data_dependent) against slow loops over positions, the axioms they give up, and the
 "content" kind of the plug-in protocol."""
+
 import math
 from dataclasses import replace
 
@@ -69,8 +70,13 @@ def slow_fox(enc, q, k, hidden):
         for h in range(H):
             for i in range(L):
                 for j in range(i + 1):
-                    bias = sum((torch.log(torch.sigmoid(enc.gate_weight[h] @ hidden[b, l] + enc.gate_bias[h]))
-                                for l in range(j + 1, i + 1)), torch.tensor(0.0, dtype=q.dtype))
+                    bias = sum(
+                        (
+                            torch.log(torch.sigmoid(enc.gate_weight[h] @ hidden[b, l] + enc.gate_bias[h]))
+                            for l in range(j + 1, i + 1)
+                        ),
+                        torch.tensor(0.0, dtype=q.dtype),
+                    )
                     out[b, h, i, j] = q[b, h, i] @ k[b, h, j] / math.sqrt(D) + bias
     return out.detach()
 
@@ -115,8 +121,11 @@ def test_cope_matches_the_authors_formula():
     pos = torch.sigmoid(logits).flip(-1).cumsum(-1).flip(-1).clamp(max=enc.max_positions - 1)
     per_integer = q @ enc.embeddings.detach().T
     weight = pos - pos.floor()
-    expected = logits + per_integer.gather(-1, pos.ceil().long()) * weight \
+    expected = (
+        logits
+        + per_integer.gather(-1, pos.ceil().long()) * weight
         + per_integer.gather(-1, pos.floor().long()) * (1 - weight)
+    )
     got = enc.content_logits(q, k, allowed=CAUSAL).detach()
     assert torch.allclose(_lower(got), _lower(expected), atol=1e-12)
 
@@ -216,7 +225,8 @@ def test_normalisation_and_linearity(make):
 
 
 def test_fox_is_alibi_on_a_learned_clock():
-    """FoX is a function of the offset alone in the clock tau_t = -sum_{u <= t} log f_u: its bias is -(tau_i - tau_j)."""
+    """FoX is a function of the offset alone in the clock tau_t = -sum_{u <= t} log f_u: its bias is -(tau_i -
+    tau_j)."""
     _, _, _, hidden = _data(11)
     enc = _fox()
     tau = -enc.log_forget_gates(hidden).cumsum(-1)
@@ -272,9 +282,21 @@ def test_content_encodings_refuse_bad_input():
     assert "content" in posenc.KINDS
 
 
-TINY = ex.ExperimentConfig(vocab_size=8, train_length=6, length_factors=(1, 2), d_model=8, n_heads=2, n_layers=1,
-                           d_mlp=8, steps=3, batch_size=4, warmup_steps=1, eval_batch_size=4, eval_tokens=24,
-                           seeds=(0, 1))
+TINY = ex.ExperimentConfig(
+    vocab_size=8,
+    train_length=6,
+    length_factors=(1, 2),
+    d_model=8,
+    n_heads=2,
+    n_layers=1,
+    d_mlp=8,
+    steps=3,
+    batch_size=4,
+    warmup_steps=1,
+    eval_batch_size=4,
+    eval_tokens=24,
+    seeds=(0, 1),
+)
 
 
 def test_the_stack_computes_what_each_content_model_computes():
@@ -337,4 +359,4 @@ def test_bfloat16_inputs_get_float32_gates(make):
     low = enc.content_logits(q, k, hidden=hidden, allowed=CAUSAL).detach()
     high = enc.content_logits(q.float(), k.float(), hidden=hidden.float(), allowed=CAUSAL).detach()
     assert low.dtype == torch.bfloat16
-    assert torch.allclose(_lower(low.float()), _lower(high), rtol=2 ** -8, atol=1e-6)
+    assert torch.allclose(_lower(low.float()), _lower(high), rtol=2**-8, atol=1e-6)

@@ -1,4 +1,5 @@
 """No hidden CPU tensors: every public function runs on the `meta` device, where any stray CPU tensor fails."""
+
 import torch
 
 import posenc
@@ -16,8 +17,11 @@ def test_absolute_encodings_on_meta():
 
 
 def test_frequencies_rope_and_alibi_on_meta():
-    for rope_type, extra in [("default", {}), ("yarn", {"factor": 2.0}), ("llama3", {"factor": 8.0,
-                             "low_freq_factor": 1.0, "high_freq_factor": 4.0})]:
+    for rope_type, extra in [
+        ("default", {}),
+        ("yarn", {"factor": 2.0}),
+        ("llama3", {"factor": 8.0, "low_freq_factor": 1.0, "high_freq_factor": 4.0}),
+    ]:
         inv_freq, _ = posenc.rope_frequencies(32, {"rope_type": rope_type, **extra}, device=META)
         assert inv_freq.device == META
     x = torch.randn(2, 3, 10, 32, device=META, dtype=torch.bfloat16)

@@ -1,4 +1,5 @@
 """posenc.lab.hybrid_study: chapter 13's trained comparison of layer patterns and its committed result."""
+
 import json
 
 import pytest
@@ -25,8 +26,7 @@ def test_study_is_chapter_11s_config_with_four_layers():
     config = hs.study_config()
     assert config.n_layers == 4
     assert config == ex.ExperimentConfig(n_layers=4)  # nothing else differs from chapter 11
-    assert [task.name for task in hs.study_tasks()] == ["copy 2 back", "fetch position 1",
-                                                     "copy after marker 1"]
+    assert [task.name for task in hs.study_tasks()] == ["copy 2 back", "fetch position 1", "copy after marker 1"]
 
 
 def test_register_builds_the_windowed_layers_and_is_idempotent():
@@ -134,9 +134,9 @@ def test_deep_marker_data_moves_the_source_to_the_depth():
         assert inputs.shape == plain.shape
         assert (inputs[:, :depth] != marker).all() and (inputs[:, depth] == marker).all()
         assert (inputs[:, depth + 1] != marker).all()
-        assert not mask[:, :depth + 1].any() and mask[:, depth + 1:].all()
-        assert (targets[:, depth + 1:] == inputs[:, depth + 1:depth + 2]).all()
-        assert torch.equal(inputs[:, depth + 2:], plain[:, depth + 2:])  # the rest of the batch is untouched
+        assert not mask[:, : depth + 1].any() and mask[:, depth + 1 :].all()
+        assert (targets[:, depth + 1 :] == inputs[:, depth + 1 : depth + 2]).all()
+        assert torch.equal(inputs[:, depth + 2 :], plain[:, depth + 2 :])  # the rest of the batch is untouched
         again = hs.deep_marker_data(task, length, depth, config)[0]
         assert torch.equal(inputs, again)  # seeded: the same batch for every model
     with pytest.raises(ValueError, match="depth"):
@@ -200,8 +200,9 @@ def test_the_make_target_writes_what_load_results_reads(tmp_path, monkeypatch):
     output = tmp_path / "study.json"
     assert tools.main(["--output", str(output)]) == 0
     record, again = hs.load_results(output)
-    assert [(r.task, r.encoding, r.seed, r.accuracy) for r in again] == [(r.task, r.encoding, r.seed, r.accuracy)
-                                                                         for r in runs]
+    assert [(r.task, r.encoding, r.seed, r.accuracy) for r in again] == [
+        (r.task, r.encoding, r.seed, r.accuracy) for r in runs
+    ]
     assert [getattr(r, "depth", None) for r in again] == [getattr(r, "depth", None) for r in runs]
     assert [r.fresh for r in again] == [r.fresh for r in runs]
     assert "todays_models" in record["command"] and record["machine"]["threads"] == 1
@@ -223,5 +224,6 @@ def test_fresh_view_swaps_in_the_fresh_numbers_and_keeps_the_fixed_ones():
     task = hs.study_tasks()[2]
     assert torch.equal(hs.evaluation_batch(task, 16, config)[0], ex.evaluation_data(task, 16, config)[0])
     assert torch.equal(hs.evaluation_batch(task, 256, config)[0], hs.fresh_data(task, 256, config)[0])
-    assert torch.equal(hs.evaluation_batch(task, 256, config, 224)[0],
-                       hs.deep_marker_data(task, 256, 224, config, fresh=True)[0])
+    assert torch.equal(
+        hs.evaluation_batch(task, 256, config, 224)[0], hs.deep_marker_data(task, 256, 224, config, fresh=True)[0]
+    )

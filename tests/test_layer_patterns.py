@@ -1,4 +1,5 @@
 """posenc.layer_patterns: hybrid RoPE/NoPE layers, Llama 4's attention temperature, layer patterns of real configs."""
+
 import pytest
 import torch
 
@@ -8,15 +9,32 @@ from posenc import layer_patterns as lp
 tf = pytest.importorskip("transformers")
 from transformers.models.llama4.modeling_llama4 import Llama4TextAttention  # noqa: E402
 
-COMMON = dict(vocab_size=97, hidden_size=32, intermediate_size=64, num_hidden_layers=4, num_attention_heads=2,
-              num_key_value_heads=2, max_position_embeddings=64, pad_token_id=0, bos_token_id=1, eos_token_id=2)
+COMMON = dict(
+    vocab_size=97,
+    hidden_size=32,
+    intermediate_size=64,
+    num_hidden_layers=4,
+    num_attention_heads=2,
+    num_key_value_heads=2,
+    max_position_embeddings=64,
+    pad_token_id=0,
+    bos_token_id=1,
+    eos_token_id=2,
+)
 
 
 def llama4_config(**changes):
     # head_dim 16: the softmax scale 1/sqrt(16) = 1/4 is exact, so dividing (posenc) and multiplying (transformers)
     # by it give the same bits
-    sizes = dict(COMMON, intermediate_size_mlp=64, head_dim=16, num_local_experts=2, attention_chunk_size=8,
-                 floor_scale=4, attn_scale=0.5)
+    sizes = dict(
+        COMMON,
+        intermediate_size_mlp=64,
+        head_dim=16,
+        num_local_experts=2,
+        attention_chunk_size=8,
+        floor_scale=4,
+        attn_scale=0.5,
+    )
     return tf.Llama4TextConfig(**{**sizes, **changes})
 
 
@@ -48,8 +66,9 @@ def test_temperature_nope_layer_equals_llama4_attention_bit_for_bit():
     with torch.no_grad():
         out, weights = theirs(x, None, mask)
         q, k, v = (posenc.split_heads(x @ proj.weight.T, 2) for proj in (theirs.q_proj, theirs.k_proj, theirs.v_proj))
-        ours, our_weights = posenc.attention(q, k, v, encoding=lp.AttentionTemperature(4, 0.5), causal=True,
-                                             return_weights=True)
+        ours, our_weights = posenc.attention(
+            q, k, v, encoding=lp.AttentionTemperature(4, 0.5), causal=True, return_weights=True
+        )
         ours = posenc.merge_heads(ours) @ theirs.o_proj.weight.T
     assert torch.equal(our_weights, weights) and torch.equal(ours, out)
 
@@ -128,11 +147,16 @@ def test_smollm3_pattern_reproduces_the_model_through_use_posenc_rope(tiny_model
 
 
 def test_gemma3_pattern_has_a_table_per_layer_type(tiny_model):
-    config = tf.Gemma3TextConfig(**{**COMMON, "num_attention_heads": 4}, head_dim=8, sliding_window=8,
-                                 layer_types=["sliding_attention"] * 3 + ["full_attention"],
-                                 rope_parameters={"sliding_attention": {"rope_type": "default", "rope_theta": 1e4},
-                                                  "full_attention": {"rope_type": "linear", "rope_theta": 1e6,
-                                                                     "factor": 8.0}})
+    config = tf.Gemma3TextConfig(
+        **{**COMMON, "num_attention_heads": 4},
+        head_dim=8,
+        sliding_window=8,
+        layer_types=["sliding_attention"] * 3 + ["full_attention"],
+        rope_parameters={
+            "sliding_attention": {"rope_type": "default", "rope_theta": 1e4},
+            "full_attention": {"rope_type": "linear", "rope_theta": 1e6, "factor": 8.0},
+        },
+    )
     pattern = lp.layer_pattern(config)
     assert all(spec.rotary for spec in pattern) and [spec.window for spec in pattern] == [8, 8, 8, None]
     assert pattern[0].rope_parameters["rope_theta"] == 1e4 and pattern[3].rope_parameters["factor"] == 8.0

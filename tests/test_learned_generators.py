@@ -1,4 +1,5 @@
 """ComRoPE, Cayley-STRING and LieRE (posenc.learned_generators) against their definitions."""
+
 import math
 
 import pytest
@@ -51,21 +52,28 @@ def test_comrope_generators_commute_and_follow_the_definition(variant):
             assert torch.equal(gens[i, sl, sl], coefficients[i, c] * blocks[c])
         off = gens[i].clone()
         for c in range(3):
-            off[4 * c:4 * c + 4, 4 * c:4 * c + 4] = 0
+            off[4 * c : 4 * c + 4, 4 * c : 4 * c + 4] = 0
         assert torch.equal(off, torch.zeros_like(off))
     if variant == "ap":  # block c turns with axis c mod n only
         assert torch.equal(coefficients, torch.eye(3, dtype=torch.float64))
 
 
-@pytest.mark.parametrize("make", [
-    lambda coords: lg.ComRoPE(8, 2, block_size=4, variant="ap", coordinates=coords, generator=_gen(2)),
-    lambda coords: lg.ComRoPE(8, 2, block_size=4, variant="ld", coordinates=coords, generator=_gen(2)),
-    lambda coords: lg.CayleySTRING(8, 2, coordinates=coords, scale=0.5, generator=_gen(2)),
-], ids=["comrope-ap", "comrope-ld", "cayley-string"])
+@pytest.mark.parametrize(
+    "make",
+    [
+        lambda coords: lg.ComRoPE(8, 2, block_size=4, variant="ap", coordinates=coords, generator=_gen(2)),
+        lambda coords: lg.ComRoPE(8, 2, block_size=4, variant="ld", coordinates=coords, generator=_gen(2)),
+        lambda coords: lg.CayleySTRING(8, 2, coordinates=coords, scale=0.5, generator=_gen(2)),
+    ],
+    ids=["comrope-ap", "comrope-ld", "cayley-string"],
+)
 def test_commuting_encodings_are_relative(make):
     coords = grid_positions(4, 4)
     enc = make(coords).double()
-    q, k = torch.randn(8, generator=_gen(3), dtype=torch.float64), torch.randn(8, generator=_gen(4), dtype=torch.float64)
+    q, k = (
+        torch.randn(8, generator=_gen(3), dtype=torch.float64),
+        torch.randn(8, generator=_gen(4), dtype=torch.float64),
+    )
     logits = _logit_matrix(enc, q, k, torch.arange(16))
     # logit of query i and key j depends on coords[j] - coords[i] only: equal across pairs with the same offset
     offsets = coords[None, :, :] - coords[:, None, :]
@@ -111,8 +119,9 @@ def test_cayley_string_folds_into_the_projections():
     out, weights = posenc.self_attention(x, w_q, w_k, w_v, n_heads, encoding=enc, return_weights=True)
     p = enc.orthogonal.detach()
     folded = [lg.fold_into_projection(w, p, n_heads) for w in (w_q, w_k)]
-    out2, weights2 = posenc.self_attention(x, *folded, w_v, n_heads, encoding=enc.rope_part().double(),
-                                           return_weights=True)
+    out2, weights2 = posenc.self_attention(
+        x, *folded, w_v, n_heads, encoding=enc.rope_part().double(), return_weights=True
+    )
     assert torch.allclose(weights, weights2, atol=1e-12)
     assert torch.allclose(out, out2, atol=1e-12)
     with pytest.raises(ValueError, match="weight"):
@@ -120,7 +129,10 @@ def test_cayley_string_folds_into_the_projections():
 
 
 def test_lieRE_is_relative_in_1d_but_not_in_2d():
-    q, k = torch.randn(6, generator=_gen(10), dtype=torch.float64), torch.randn(6, generator=_gen(11), dtype=torch.float64)
+    q, k = (
+        torch.randn(6, generator=_gen(10), dtype=torch.float64),
+        torch.randn(6, generator=_gen(11), dtype=torch.float64),
+    )
     one = lg.LieRE(6, 1, scale=0.3, generator=_gen(12)).double()
     starts = torch.arange(10, dtype=torch.float64)[:, None]
     assert lg.relative_spread(one.generator_matrices().detach(), q, k, [3.0], starts).item() < 1e-10
@@ -138,13 +150,19 @@ def test_lieRE_is_relative_in_1d_but_not_in_2d():
 
 
 def test_relative_spread_grows_with_the_commutator_and_vanishes_when_commuting():
-    """X_0 = G_0, X_1 = G_1 + s Y with commuting RoPE generators G and a random skew Y: ||[X_0, X_1]|| = s ||[G_0, Y]||."""
+    """X_0 = G_0, X_1 = G_1 + s Y with commuting RoPE generators G and a random skew Y: ||[X_0, X_1]|| = s ||[G_0,
+    Y]||."""
     frequencies = torch.tensor([[1.0, 0.3], [0.2, 0.7], [0.5, 0.5]], dtype=torch.float64)
     g = posenc.generators.rope_generators(frequencies)  # (2, 6, 6), commuting
     y = lg.skew(torch.randn(6, 6, generator=_gen(13), dtype=torch.float64))
     starts = grid_positions(5, 5).double()
-    pairs = [(torch.randn(6, generator=_gen(20 + i), dtype=torch.float64),
-              torch.randn(6, generator=_gen(40 + i), dtype=torch.float64)) for i in range(4)]
+    pairs = [
+        (
+            torch.randn(6, generator=_gen(20 + i), dtype=torch.float64),
+            torch.randn(6, generator=_gen(40 + i), dtype=torch.float64),
+        )
+        for i in range(4)
+    ]
     norms, spreads = [], []
     for s in (0.0, 0.02, 0.05, 0.1, 0.2):
         gens = torch.stack([g[0], g[1] + s * y])
@@ -188,8 +206,11 @@ def test_bad_input():
 def test_learned_generators_train():
     """The parameters get gradients through attention (they are learnable)."""
     coords = grid_positions(2, 3)
-    for enc in (lg.ComRoPE(8, 2, coordinates=coords, variant="ld"), lg.LieRE(8, 2, coordinates=coords),
-                lg.CayleySTRING(8, 2, coordinates=coords)):
+    for enc in (
+        lg.ComRoPE(8, 2, coordinates=coords, variant="ld"),
+        lg.LieRE(8, 2, coordinates=coords),
+        lg.CayleySTRING(8, 2, coordinates=coords),
+    ):
         q, k, v = (torch.randn(1, 1, 6, 8) for _ in range(3))
         posenc.attention(q, k, v, encoding=enc).square().sum().backward()
         assert all(p.grad is not None and torch.isfinite(p.grad).all() for p in enc.parameters())
@@ -226,7 +247,10 @@ def test_lieRE_represents_a_score_map_no_relative_encoding_can_fit():
     target = ((q * k).sum(-1)[0, 0] / c.square().sum()).detach()
     floor = lg.relative_floor(qp, kp, target)
     assert floor > 1e-3
-    for enc in (lg.ComRoPE(4, 2, block_size=2, generator=_gen(33)), lg.CayleySTRING(4, 2, scale=0.3, generator=_gen(33))):
+    for enc in (
+        lg.ComRoPE(4, 2, block_size=2, generator=_gen(33)),
+        lg.CayleySTRING(4, 2, scale=0.3, generator=_gen(33)),
+    ):
         loss, score = lg.fit_scores(enc.double(), qp, kp, target, steps=8, lr=0.1)
         assert loss >= floor * (1 - 1e-9)  # a relative score is one number per offset: exact bound
         assert score.shape == target.shape
@@ -251,8 +275,9 @@ def test_comrope_ld_has_a_multiplier_per_axis_and_block():
     a = enc.coefficients.detach()
     directions = torch.nn.functional.normalize(a.T, dim=1)  # (blocks, 2): each block's direction in the plane
     assert (directions @ directions.T).abs().min() < 0.99  # not all parallel
-    draws = torch.cat([lg.ComRoPE(16, 2, 4, "ld", generator=_gen(s)).coefficients.detach().flatten()
-                       for s in range(200)])  # 1600 standard normal draws: mean 0 +- 0.025, std 1 +- 0.018
+    draws = torch.cat(
+        [lg.ComRoPE(16, 2, 4, "ld", generator=_gen(s)).coefficients.detach().flatten() for s in range(200)]
+    )  # 1600 standard normal draws: mean 0 +- 0.025, std 1 +- 0.018
     assert abs(draws.mean().item()) < 0.1 and abs(draws.std().item() - 1) < 0.1
     enc.generator_matrices().square().sum().backward()
     assert enc.coefficients.grad.shape == (2, 4) and (enc.coefficients.grad != 0).all()

@@ -1,4 +1,5 @@
 """posenc as a library in someone else's model (issue 24): dtypes, shapes, compile and export, packaging."""
+
 from __future__ import annotations
 
 import pytest
@@ -17,8 +18,12 @@ def test_cast_module_keeps_float32_frequencies(cast, rope_type):
     params = None if rope_type == "default" else {"rope_type": rope_type, "factor": 4.0}
     reference = posenc.RotaryEmbedding(64, params)
     module = posenc.RotaryEmbedding(64, params)
-    module = {"to_bf16": lambda m: m.to(torch.bfloat16), "half": lambda m: m.half(),
-              "bfloat16": lambda m: m.bfloat16(), "double": lambda m: m.double()}[cast](module)
+    module = {
+        "to_bf16": lambda m: m.to(torch.bfloat16),
+        "half": lambda m: m.half(),
+        "bfloat16": lambda m: m.bfloat16(),
+        "double": lambda m: m.double(),
+    }[cast](module)
     assert module.inv_freq.dtype == torch.float32
     assert torch.equal(module.inv_freq, reference.inv_freq)
     positions = torch.tensor([0, 1, 7, 8_000, 65_535, 100_000])
@@ -79,8 +84,10 @@ def test_seq_dim_minus_3_is_the_transposed_rotation(layout, rotary_fraction, bat
     sequence_first = _sequence_first(q)
     assert torch.equal(posenc.apply_rope(sequence_first, cos, sin, layout, seq_dim=-3), _sequence_first(expected))
     assert torch.equal(posenc.apply_rope(sequence_first, cos, sin, layout, seq_dim=1), _sequence_first(expected))
-    assert torch.equal(posenc.rotate(sequence_first, positions, inv_freq, layout=layout, seq_dim=-3),
-                       _sequence_first(posenc.rotate(q, positions, inv_freq, layout=layout)))
+    assert torch.equal(
+        posenc.rotate(sequence_first, positions, inv_freq, layout=layout, seq_dim=-3),
+        _sequence_first(posenc.rotate(q, positions, inv_freq, layout=layout)),
+    )
     in_place = sequence_first.clone()
     assert posenc.apply_rope_(in_place, cos, sin, layout, seq_dim=-3) is in_place
     assert torch.equal(in_place, _sequence_first(expected))
@@ -113,8 +120,11 @@ def test_the_issue_example_is_refused_or_right():
     expected, _ = r(q.transpose(1, 2), q.transpose(1, 2))
     assert torch.equal(qr, expected.transpose(1, 2))
     assert not torch.equal(qr[:, 1:, 0], q[:, 1:, 0])  # head 0 rotates at tokens 1..7
-    with pytest.raises(ValueError, match=r"sequence length 2 on axis seq_dim=-2.*axis -3 of q has length 8.*"
-                                         r"seq_dim=-3"):
+    with pytest.raises(
+        ValueError,
+        match=r"sequence length 2 on axis seq_dim=-2.*axis -3 of q has length 8.*"
+        r"seq_dim=-3",
+    ):
         r(q, q, positions=torch.arange(8))
     with pytest.raises(ValueError, match=r"axis -3 of x has length 8.*seq_dim=-3"):
         posenc.apply_rope(q, *posenc.rope_cos_sin(torch.arange(8), r.inv_freq))
@@ -160,10 +170,14 @@ def test_integer_and_complex_x_are_refused(dtype):
     r = posenc.RotaryEmbedding(16)
     x = torch.ones(1, 2, 3, 16).to(dtype)
     cos, sin = posenc.rope_cos_sin(torch.arange(3), r.inv_freq)
-    for call, name in ((lambda: posenc.apply_rope(x, cos, sin), "x"), (lambda: posenc.apply_rope_(x, cos, sin), "x"),
-                       (lambda: posenc.rotate(x), "x"), (lambda: r(x, torch.ones(1, 2, 3, 16)), "q"),
-                       (lambda: r(torch.ones(1, 2, 3, 16), x), "k"),
-                       (lambda: posenc.apply_rope_qk(torch.ones(1, 2, 3, 16), x, cos, sin), "k")):
+    for call, name in (
+        (lambda: posenc.apply_rope(x, cos, sin), "x"),
+        (lambda: posenc.apply_rope_(x, cos, sin), "x"),
+        (lambda: posenc.rotate(x), "x"),
+        (lambda: r(x, torch.ones(1, 2, 3, 16)), "q"),
+        (lambda: r(torch.ones(1, 2, 3, 16), x), "k"),
+        (lambda: posenc.apply_rope_qk(torch.ones(1, 2, 3, 16), x, cos, sin), "k"),
+    ):
         with pytest.raises(TypeError, match=rf"^{name} must be a real floating-point tensor"):
             call()
 
@@ -174,8 +188,12 @@ def test_numpy_integers_are_ints():
     assert module.head_dim == 64 and type(module.head_dim) is int
     assert torch.equal(posenc.rope_frequencies(np.int64(64))[0], posenc.rope_frequencies(64)[0])
     assert torch.equal(posenc.alibi_slopes(np.int16(8)), posenc.alibi_slopes(8))
-    assert posenc.rope_frequencies(64, {"rope_type": "yarn", "factor": np.float64(4.0),
-                                        "original_max_position_embeddings": np.int64(256)})[1] > 1
+    assert (
+        posenc.rope_frequencies(
+            64, {"rope_type": "yarn", "factor": np.float64(4.0), "original_max_position_embeddings": np.int64(256)}
+        )[1]
+        > 1
+    )
     with pytest.raises(TypeError, match="head_dim must be an int, got float"):
         posenc.RotaryEmbedding(64.0)
 
@@ -193,7 +211,7 @@ def test_table_cache_is_never_stale():
     q = torch.randn(1, 2, 5, 32)
 
     def direct(positions):
-        return posenc.apply_rope(q[..., :len(positions), :], *posenc.rope_cos_sin(positions, module.inv_freq))
+        return posenc.apply_rope(q[..., : len(positions), :], *posenc.rope_cos_sin(positions, module.inv_freq))
 
     assert torch.equal(module(q, q, offset=7)[0], direct(torch.arange(7, 12)))
     first = module._table_cache[1]
@@ -225,8 +243,9 @@ def test_length_tables_from_a_tensor_equal_those_from_an_int():
     for case in ("dynamic", "longrope"):
         for seq_len in (1, 255, 256, 257, 1023, 1024, 1025, 1500, 4096, 100_000):
             by_int = posenc.rope_frequencies(HEAD_DIM, rope_parameters(case), MAX_POSITIONS, seq_len=seq_len)
-            by_tensor = posenc.rope_frequencies(HEAD_DIM, rope_parameters(case), MAX_POSITIONS,
-                                                seq_len=torch.tensor(seq_len))
+            by_tensor = posenc.rope_frequencies(
+                HEAD_DIM, rope_parameters(case), MAX_POSITIONS, seq_len=torch.tensor(seq_len)
+            )
             assert torch.equal(by_int[0], by_tensor[0]) and by_int[1] == by_tensor[1]
     with pytest.raises(TypeError, match="seq_len must be an int or a 0-d integer tensor"):
         posenc.rope_frequencies(64, {"rope_type": "dynamic", "factor": 2.0}, seq_len=torch.tensor([3.0]))
@@ -255,13 +274,15 @@ def test_compiled_fullgraph_dynamic_no_recompile_for_every_rope_type():
         torch._dynamo.utils.counters.clear()
         counts = []
         with torch._dynamo.config.patch(error_on_recompile=True):
-            explicit = torch.compile(lambda q, k, p: module(q, k, p), fullgraph=True, dynamic=True, backend="eager")
-            cached = torch.compile(lambda q, k: module(q, k, offset=3), fullgraph=True, dynamic=True, backend="eager")
+            explicit = torch.compile(lambda q, k, p: module(q, k, p), fullgraph=True, dynamic=True, backend="eager")  # noqa: B023
+            cached = torch.compile(lambda q, k: module(q, k, offset=3), fullgraph=True, dynamic=True, backend="eager")  # noqa: B023
             for length in (5, 17, 1500):  # past the trained length 256 / 1024 at 1500, and past the kernel's size
                 q, k = torch.randn(2, length, 4, HEAD_DIM), torch.randn(2, length, 2, HEAD_DIM)
                 positions = torch.arange(length)[None] + torch.tensor([[0], [7]])
-                for got, want in ((explicit(q, k, positions), module(q, k, positions)),
-                                  (cached(q, k), module(q, k, offset=3))):
+                for got, want in (
+                    (explicit(q, k, positions), module(q, k, positions)),
+                    (cached(q, k), module(q, k, offset=3)),
+                ):
                     assert torch.equal(got[0], want[0]) and torch.equal(got[1], want[1]), (case, length)
                 counts.append(torch._dynamo.utils.counters["stats"]["unique_graphs"])
         assert counts == [2, 2, 2], (case, counts)  # one graph for each of the two calls, at every length
@@ -275,7 +296,7 @@ def test_compiled_true_with_sequence_first_tensors():
     out = posenc.apply_rope(x, cos, sin, seq_dim=-3, compiled=True)
     # inductor may fuse the multiply and add (one rounding instead of two): a float32 rounding or two per entry
     assert torch.allclose(out, expected, atol=1e-5, rtol=1e-5)
-    grad, = torch.autograd.grad(out.sum(), x)
+    (grad,) = torch.autograd.grad(out.sum(), x)
     assert torch.allclose(grad, torch.autograd.grad(expected.sum(), x)[0], atol=1e-5, rtol=1e-5)
 
 
@@ -290,8 +311,7 @@ class _Block(torch.nn.Module):
     def forward(self, x):
         q, k, v = self.qkv(x).unflatten(-1, (3, self.heads, -1)).unbind(2)  # each (B, T, H, D)
         q, k = self.rope(q, k)
-        out = torch.nn.functional.scaled_dot_product_attention(*(t.transpose(1, 2) for t in (q, k, v)),
-                                                               is_causal=True)
+        out = torch.nn.functional.scaled_dot_product_attention(*(t.transpose(1, 2) for t in (q, k, v)), is_causal=True)
         return out.transpose(1, 2).flatten(2)
 
 
@@ -347,9 +367,13 @@ def test_position_id_runs_read_the_cache_and_others_do_not():
     assert torch.equal(module(q, q, positions=step)[0], expected)  # read from the cache
     assert module._table_cache is not None and module._table_cache[1].shape[0] == 1024
     prompt = torch.randn(2, 4, 6, 64)
-    for positions in (torch.arange(6) + 3, torch.stack((torch.arange(6), torch.arange(6))),  # runs: cached rows
-                      torch.tensor([[0, 1, 2, 3, 4, 5], [0, 0, 0, 1, 2, 3]]),  # left padding: computed
-                      torch.arange(6) * 2.5, torch.arange(6) + 70_000):  # real, and past the cache limit: computed
+    for positions in (
+        torch.arange(6) + 3,
+        torch.stack((torch.arange(6), torch.arange(6))),  # runs: cached rows
+        torch.tensor([[0, 1, 2, 3, 4, 5], [0, 0, 0, 1, 2, 3]]),  # left padding: computed
+        torch.arange(6) * 2.5,
+        torch.arange(6) + 70_000,
+    ):  # real, and past the cache limit: computed
         direct = posenc.apply_rope(prompt, *posenc.rope_cos_sin(positions, module.inv_freq))
         assert torch.equal(module(prompt, prompt, positions=positions)[0], direct)
     assert module._table_cache[1].shape[0] == 1024  # the cache did not grow to 70,000

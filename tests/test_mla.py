@@ -1,5 +1,6 @@
 """posenc.mla: why RoPE on the whole key blocks MLA's absorption, decoupled RoPE restores it, and transformers'
 DeepseekV3Attention computes the same numbers."""
+
 import pytest
 import torch
 
@@ -7,8 +8,10 @@ import posenc
 from posenc import mla
 
 tf = pytest.importorskip("transformers")
-from transformers.models.deepseek_v3.modeling_deepseek_v3 import (DeepseekV3Attention,  # noqa: E402
-                                                                  DeepseekV3RotaryEmbedding)
+from transformers.models.deepseek_v3.modeling_deepseek_v3 import (  # noqa: E402
+    DeepseekV3Attention,
+    DeepseekV3RotaryEmbedding,
+)
 
 U64, U32 = 2.0**-53, 2.0**-24  # unit roundoffs
 
@@ -51,8 +54,9 @@ def test_with_rope_on_the_whole_key_absorption_needs_one_matrix_per_offset(layou
     # at most u32 (|angle| + 1) (the angle's rounding, then the function's), angles reach 6 rad here, and a rotated
     # feature mixes two, so 4 (6 + 1) u32 per factor, twice in the bilinear logit
     tolerance = 2 * 4 * 7 * U32 * magnitude
-    matrices = {offset: mla.absorb_key_up_projection(w_q, w_uk, heads, inv_freq, offset, layout)
-                for offset in range(-6, 7)}
+    matrices = {
+        offset: mla.absorb_key_up_projection(w_q, w_uk, heads, inv_freq, offset, layout) for offset in range(-6, 7)
+    }
     for m in range(7):
         for n in range(7):
             absorbed = torch.einsum("hcd,bd,bc->bh", matrices[m - n], x[:, m], c[:, n]) / head_dim**0.5
@@ -71,8 +75,15 @@ def test_the_absorbed_matrix_is_wuk_transposed_times_wq_per_head():
 
 def _layer(dtype=torch.float64, **sizes):
     torch.manual_seed(0)
-    sizes = {"d_model": 16, "n_heads": 2, "kv_lora_rank": 6, "qk_nope_head_dim": 4, "qk_rope_head_dim": 4,
-             "v_head_dim": 3, **sizes}
+    sizes = {
+        "d_model": 16,
+        "n_heads": 2,
+        "kv_lora_rank": 6,
+        "qk_nope_head_dim": 4,
+        "qk_rope_head_dim": 4,
+        "v_head_dim": 3,
+        **sizes,
+    }
     return mla.LatentAttention(**sizes).to(dtype)
 
 
@@ -85,8 +96,10 @@ def test_decoupled_rope_restores_the_absorption(q_lora_rank):
     # the nope part is regrouped (n = d_n + d_c terms), the rope part is the same product: n u of the absolute sums
     q_nope, q_rope = layer.queries(x, positions)
     c, k_rope = layer.latents(x, positions)
-    magnitude = (q_nope.abs() @ layer.w_uk.abs() @ c.abs()[:, None].transpose(-1, -2)
-                 + q_rope.abs() @ k_rope.abs()[:, None].transpose(-1, -2)) * layer.scaling
+    magnitude = (
+        q_nope.abs() @ layer.w_uk.abs() @ c.abs()[:, None].transpose(-1, -2)
+        + q_rope.abs() @ k_rope.abs()[:, None].transpose(-1, -2)
+    ) * layer.scaling
     assert ((explicit - absorbed).abs() <= 16 * U64 * magnitude).all()
     assert explicit.abs().max() > 0.1  # not a trivially small comparison
 
@@ -126,17 +139,38 @@ def test_interleaved_slice_is_posenc_interleaved_rope_then_deinterleaved():
     assert torch.allclose(layer.rotate(x, positions), expected[..., permutation], rtol=0, atol=1e-6)
 
 
-YARN = {"rope_type": "yarn", "rope_theta": 10_000.0, "factor": 4.0, "original_max_position_embeddings": 16,
-        "mscale": 1.0, "mscale_all_dim": 1.0, "beta_fast": 32, "beta_slow": 1}
+YARN = {
+    "rope_type": "yarn",
+    "rope_theta": 10_000.0,
+    "factor": 4.0,
+    "original_max_position_embeddings": 16,
+    "mscale": 1.0,
+    "mscale_all_dim": 1.0,
+    "beta_fast": 32,
+    "beta_slow": 1,
+}
 
 
-@pytest.mark.parametrize("q_lora_rank,interleave,rope_parameters",
-                         [(None, True, None), (12, True, None), (12, False, None), (None, True, YARN)],
-                         ids=["q-proj", "q-lora", "half-layout", "yarn"])
+@pytest.mark.parametrize(
+    "q_lora_rank,interleave,rope_parameters",
+    [(None, True, None), (12, True, None), (12, False, None), (None, True, YARN)],
+    ids=["q-proj", "q-lora", "half-layout", "yarn"],
+)
 def test_equals_transformers_deepseek_v3_attention_bit_for_bit(q_lora_rank, interleave, rope_parameters):
-    sizes = dict(hidden_size=32, num_attention_heads=4, num_key_value_heads=4, q_lora_rank=q_lora_rank,
-                 kv_lora_rank=8, qk_rope_head_dim=4, qk_nope_head_dim=6, v_head_dim=5, max_position_embeddings=64,
-                 rope_interleave=interleave, num_hidden_layers=1, vocab_size=16)
+    sizes = dict(
+        hidden_size=32,
+        num_attention_heads=4,
+        num_key_value_heads=4,
+        q_lora_rank=q_lora_rank,
+        kv_lora_rank=8,
+        qk_rope_head_dim=4,
+        qk_nope_head_dim=6,
+        v_head_dim=5,
+        max_position_embeddings=64,
+        rope_interleave=interleave,
+        num_hidden_layers=1,
+        vocab_size=16,
+    )
     if rope_parameters is not None:
         sizes["rope_parameters"] = dict(rope_parameters)
     config = tf.DeepseekV3Config(**sizes)

@@ -1,4 +1,5 @@
 """RoPE application: equal to transformers and to Meta's reference, its properties, precision and errors."""
+
 import math
 
 import pytest
@@ -33,9 +34,11 @@ def test_partial_rotary_equals_transformers_gpt_neox():
     from transformers import GPTNeoXConfig
     from transformers.models.gpt_neox.modeling_gpt_neox import GPTNeoXRotaryEmbedding, apply_rotary_pos_emb
 
-    config = GPTNeoXConfig(hidden_size=HEAD_DIM * 4, num_attention_heads=4,
-                           rope_parameters={"rope_type": "default", "rope_theta": 10000.0,
-                                            "partial_rotary_factor": 0.25})
+    config = GPTNeoXConfig(
+        hidden_size=HEAD_DIM * 4,
+        num_attention_heads=4,
+        rope_parameters={"rope_type": "default", "rope_theta": 10000.0, "partial_rotary_factor": 0.25},
+    )
     q, k = torch.randn(1, 4, 12, HEAD_DIM), torch.randn(1, 4, 12, HEAD_DIM)
     position_ids = torch.arange(12)[None]
     q_ref, k_ref = apply_rotary_pos_emb(q, k, *GPTNeoXRotaryEmbedding(config)(q, position_ids))
@@ -62,8 +65,9 @@ def test_rope_matrix_is_the_same_map():
 
 
 @settings(max_examples=40, deadline=None)
-@given(m=positions_strategy, n=positions_strategy, shift=positions_strategy,
-       layout=st.sampled_from(posenc.rope.LAYOUTS))
+@given(
+    m=positions_strategy, n=positions_strategy, shift=positions_strategy, layout=st.sampled_from(posenc.rope.LAYOUTS)
+)
 def test_logits_depend_only_on_relative_position(m, n, shift, layout):
     q, k = torch.randn(2, 32, dtype=torch.float64).unbind(0)
     inv_freq = posenc.rope_frequencies(32)[0].double()
@@ -109,12 +113,14 @@ def test_layouts_agree_after_weight_permutation(n_heads, half, seed):
     def logits(wq, wk, layout):
         q, k = split_heads(x @ wq.T, n_heads), split_heads(x @ wk.T, n_heads)
         inv_freq = posenc.rope_frequencies(head_dim)[0].double()
-        return posenc.rotate(q, inv_freq=inv_freq, layout=layout) @ posenc.rotate(k, inv_freq=inv_freq,
-                                                                                   layout=layout).transpose(-1, -2)
+        return posenc.rotate(q, inv_freq=inv_freq, layout=layout) @ posenc.rotate(
+            k, inv_freq=inv_freq, layout=layout
+        ).transpose(-1, -2)
 
     interleaved = logits(w_q, w_k, "interleaved")
-    half_split = logits(posenc.permute_qk_weight(w_q, n_heads, to="half"),
-                        posenc.permute_qk_weight(w_k, n_heads, to="half"), "half")
+    half_split = logits(
+        posenc.permute_qk_weight(w_q, n_heads, to="half"), posenc.permute_qk_weight(w_k, n_heads, to="half"), "half"
+    )
     assert torch.allclose(interleaved, half_split, atol=1e-9)
     back = posenc.permute_qk_weight(posenc.permute_qk_weight(w_q, n_heads, to="half"), n_heads, to="interleaved")
     assert torch.equal(back, w_q)

@@ -1,6 +1,7 @@
 """The rotation API's contracts: bad input refused before any dispatch, per-sequence offsets and packed (varlen)
 sequences equal to rotating each sequence alone, negative offsets/positions refused, the per-device capability
 fallback of the Triton path, and the kernel's 64-bit offsets (strides whose products pass 2**31)."""
+
 import os
 import subprocess
 import sys
@@ -29,8 +30,11 @@ def test_a_list_gets_the_same_type_error_on_every_path(monkeypatch, path):
         monkeypatch.setattr(rope, "_use_triton", lambda x: True)
     cos, sin = tables(3, 8)
     x = [[0.0] * 8] * 3
-    for call in (lambda: posenc.apply_rope(x, cos, sin), lambda: posenc.apply_rope_(x, cos, sin),
-                 lambda: posenc.apply_rope_qk(x, torch.zeros(3, 8), cos, sin)):
+    for call in (
+        lambda: posenc.apply_rope(x, cos, sin),
+        lambda: posenc.apply_rope_(x, cos, sin),
+        lambda: posenc.apply_rope_qk(x, torch.zeros(3, 8), cos, sin),
+    ):
         with pytest.raises(TypeError, match=r"^(x|q) must be a torch.Tensor, got list"):
             call()
     with pytest.raises(TypeError, match="^k must be a torch.Tensor, got list"):
@@ -68,11 +72,11 @@ def test_per_sequence_offsets_equal_each_sequence_alone(seq_dim):
     positions = torch.arange(6)[None] + 2
     with_positions = module(q, k, positions=positions.expand(4, 6), offset=offsets)[0]
     for b, offset in enumerate(offsets.tolist()):
-        alone = posenc.rotate(q[b:b + 1], offset=offset, seq_dim=seq_dim)
-        assert torch.equal(rotated[b:b + 1], alone)
-        assert torch.equal(q_rot[b:b + 1], alone)
-        assert torch.equal(k_rot[b:b + 1], module(q[b:b + 1], k[b:b + 1], offset=offset)[1])
-        assert torch.equal(with_positions[b:b + 1], module(q[b:b + 1], k[b:b + 1], positions + offset)[0])
+        alone = posenc.rotate(q[b : b + 1], offset=offset, seq_dim=seq_dim)
+        assert torch.equal(rotated[b : b + 1], alone)
+        assert torch.equal(q_rot[b : b + 1], alone)
+        assert torch.equal(k_rot[b : b + 1], module(q[b : b + 1], k[b : b + 1], offset=offset)[1])
+        assert torch.equal(with_positions[b : b + 1], module(q[b : b + 1], k[b : b + 1], positions + offset)[0])
     cos, sin = posenc.rope_cos_sin(torch.arange(6) + offsets[:, None], module.inv_freq)
     assert torch.equal(posenc.apply_rope_qk(q, k, cos, sin, seq_dim=seq_dim)[0], q_rot)
 
@@ -144,8 +148,9 @@ def test_negative_offsets_and_token_positions_are_refused_everywhere():
         "module real positions": lambda: module(q, q, positions=torch.tensor([-0.5, 0.5, 1.5, 2.5])),
         "module cos_sin": lambda: module.cos_sin(torch.tensor([-4, 0])),
         "module encode_qk": lambda: module.encode_qk(q, q, torch.arange(4) - 1, torch.arange(4)),
-        "varlen offset": lambda: posenc.rotate(q[0].transpose(0, 1), seq_dim=-3, cu_seqlens=torch.tensor([0, 4]),
-                                               offset=-2),
+        "varlen offset": lambda: posenc.rotate(
+            q[0].transpose(0, 1), seq_dim=-3, cu_seqlens=torch.tensor([0, 4]), offset=-2
+        ),
     }
     for name, call in calls.items():
         with pytest.raises(ValueError, match=r"(offset|positions) must be >= 0"):
@@ -232,8 +237,9 @@ def test_offsets_past_two_to_the_31_under_the_interpreter():
     if not tr.AVAILABLE or os.environ.get("TRITON_INTERPRET") != "1":
         pytest.skip("needs Triton's interpreter (TRITON_INTERPRET=1); on a GPU tests/gpu/ covers a real tensor")
     env = {**os.environ, "TRITON_INTERPRET": "1", "PYTHONPATH": str(ROOT)}
-    result = subprocess.run([sys.executable, "-c", OVERFLOW_SCRIPT], env=env, capture_output=True, text=True,
-                            timeout=600, cwd=ROOT)
+    result = subprocess.run(
+        [sys.executable, "-c", OVERFLOW_SCRIPT], env=env, capture_output=True, text=True, timeout=600, cwd=ROOT
+    )
     assert result.returncode == 0 and result.stdout.strip().endswith("ok"), result.stdout + result.stderr
 
 

@@ -11,6 +11,7 @@ values (only the blocking of memory and the threads differ, and elementwise resu
 the gradient is the same rotation by -sin, which is exactly autograd's sum of the same two products (negation is
 exact); vmap and torch.compile(backend="eager") replay the same operations.
 """
+
 import itertools
 import os
 import warnings
@@ -79,8 +80,15 @@ def test_large_inputs_take_the_kernel_by_default(monkeypatch):
 
 
 @settings(max_examples=40, deadline=None)
-@given(dtype=st.sampled_from(DTYPES), layout=st.sampled_from(LAYOUTS), pairs=st.integers(1, 8),
-       extra=st.integers(0, 3), batch_tables=st.booleans(), transposed=st.booleans(), seed=st.integers(0, 2**16))
+@given(
+    dtype=st.sampled_from(DTYPES),
+    layout=st.sampled_from(LAYOUTS),
+    pairs=st.integers(1, 8),
+    extra=st.integers(0, 3),
+    batch_tables=st.booleans(),
+    transposed=st.booleans(),
+    seed=st.integers(0, 2**16),
+)
 def test_eager_kernel_is_bit_exact_with_the_formula(dtype, layout, pairs, extra, batch_tables, transposed, seed):
     torch.manual_seed(seed)
     head_dim, length = 2 * (pairs + extra), 5
@@ -103,8 +111,8 @@ def test_eager_gradients_are_bit_exact_with_autograd_of_the_formula(dtype, layou
     x = (3 * torch.randn(2, 3, 6, 10)).to(dtype).requires_grad_()
     cos, sin = random_tables(6, 4)  # partial rotary: 8 of 10 features turn
     grad = torch.randn(2, 3, 6, 10).to(dtype)
-    expected, = torch.autograd.grad(rope._rotation_formula(x, cos, sin, layout), x, grad)
-    actual, = torch.autograd.grad(posenc.apply_rope(x, cos, sin, layout), x, grad)
+    (expected,) = torch.autograd.grad(rope._rotation_formula(x, cos, sin, layout), x, grad)
+    (actual,) = torch.autograd.grad(posenc.apply_rope(x, cos, sin, layout), x, grad)
     assert torch.equal(actual, expected)
 
 
@@ -126,7 +134,7 @@ def test_in_place_rotation_and_its_errors():
     inner = leaf * 1.0  # a non-leaf may be rotated in place, and autograd follows
     rope.apply_rope_(inner, cos, sin)
     grad = torch.randn_like(inner)
-    expected, = torch.autograd.grad(posenc.apply_rope(leaf, cos, sin), leaf, grad)
+    (expected,) = torch.autograd.grad(posenc.apply_rope(leaf, cos, sin), leaf, grad)
     assert torch.equal(torch.autograd.grad(inner, leaf, grad)[0], expected)
 
 
@@ -184,8 +192,11 @@ def failing_backend(graph_module, example_inputs):
 
 
 def test_a_failed_compile_falls_back_to_the_eager_kernel_and_warns_once(monkeypatch):
-    monkeypatch.setattr(rope._ENGINE, "compiled",
-                        CompiledFunction(rope._rotation_formula, rope._ENGINE.rotate_default, backend=failing_backend))
+    monkeypatch.setattr(
+        rope._ENGINE,
+        "compiled",
+        CompiledFunction(rope._rotation_formula, rope._ENGINE.rotate_default, backend=failing_backend),
+    )
     x = torch.randn(2, 3, 7, 16)
     cos, sin = random_tables(7, 8)
     with pytest.warns(RuntimeWarning, match="no C\\+\\+ compiler here"):
@@ -202,8 +213,12 @@ def test_a_missing_cpp_compiler_falls_back(monkeypatch):
 
     function = CompiledFunction(rope._rotation_formula, rope._ENGINE.rotate_default, dynamic=False, fullgraph=True)
     x, (cos, sin) = torch.randn(1, 2, 3, 4), random_tables(3, 2)
-    with inductor_config.patch({"cpp.cxx": (None, "/nonexistent/posenc-test-c++"), "fx_graph_cache": False,
-                                "autotune_local_cache": False}), pytest.warns(RuntimeWarning, match="eager"):
+    with (
+        inductor_config.patch(
+            {"cpp.cxx": (None, "/nonexistent/posenc-test-c++"), "fx_graph_cache": False, "autotune_local_cache": False}
+        ),
+        pytest.warns(RuntimeWarning, match="eager"),
+    ):
         result = function(x, cos, sin, "half")
     assert torch.equal(result, posenc.apply_rope(x, cos, sin))
 
@@ -239,8 +254,8 @@ def test_the_compiled_kernel_equals_the_reference_with_gradients(monkeypatch):
     torch.testing.assert_close(in_place, expected, rtol=2**-7, atol=0)
     x = torch.randn(2, 3, 33, 32, requires_grad=True)
     grad = torch.randn(2, 3, 33, 32)
-    expected, = torch.autograd.grad(posenc.apply_rope(x, cos, sin), x, grad)
-    actual, = torch.autograd.grad(posenc.apply_rope(x, cos, sin, compiled=True), x, grad)
+    (expected,) = torch.autograd.grad(posenc.apply_rope(x, cos, sin), x, grad)
+    (actual,) = torch.autograd.grad(posenc.apply_rope(x, cos, sin, compiled=True), x, grad)
     torch.testing.assert_close(actual, expected, rtol=1e-6, atol=1e-6)
     assert not rope._ENGINE.compiled.failures and not rope._ENGINE._compiled_in_place.failures
     assert torch._dynamo.utils.counters["stats"]["unique_graphs"] > graphs  # really compiled, not skipped
@@ -253,12 +268,22 @@ def _blocked(x, cos, sin, layout, block, in_place=False):
 
 
 @settings(max_examples=60, deadline=None)
-@given(dtype=st.sampled_from(DTYPES), layout=st.sampled_from(LAYOUTS), pairs=st.integers(1, 8),
-       extra=st.integers(0, 3), length=st.integers(1, 23), batch_tables=st.booleans(), transposed=st.booleans(),
-       block=st.integers(1, 400), run=st.integers(1, 200), threads=st.integers(1, 3), seed=st.integers(0, 2**16))
-def test_blocked_kernel_is_bit_exact_for_any_block_size_and_thread_count(dtype, layout, pairs, extra, length,
-                                                                           batch_tables, transposed, block, run,
-                                                                           threads, seed):
+@given(
+    dtype=st.sampled_from(DTYPES),
+    layout=st.sampled_from(LAYOUTS),
+    pairs=st.integers(1, 8),
+    extra=st.integers(0, 3),
+    length=st.integers(1, 23),
+    batch_tables=st.booleans(),
+    transposed=st.booleans(),
+    block=st.integers(1, 400),
+    run=st.integers(1, 200),
+    threads=st.integers(1, 3),
+    seed=st.integers(0, 2**16),
+)
+def test_blocked_kernel_is_bit_exact_for_any_block_size_and_thread_count(
+    dtype, layout, pairs, extra, length, batch_tables, transposed, block, run, threads, seed
+):
     """Blocks that cut through heads and sequences at odd places (tails of every loop), runs of a sequence shared
     by several heads, any intra-op thread count (restored afterwards)."""
     torch.manual_seed(seed)
@@ -299,8 +324,9 @@ def test_blocked_kernel_respects_the_callers_grad_and_inference_modes():
     with torch.inference_mode():
         z = torch.randn(2, 3, 50, 8)
         assert torch.equal(_blocked(z, cos, sin, "half", 16), rope._rotation_formula(z, cos, sin, "half"))
-        assert torch.equal(_blocked(z.clone(), cos, sin, "half", 16, in_place=True),
-                           rope._rotation_formula(z, cos, sin, "half"))
+        assert torch.equal(
+            _blocked(z.clone(), cos, sin, "half", 16, in_place=True), rope._rotation_formula(z, cos, sin, "half")
+        )
 
 
 @pytest.mark.parametrize("dtype", DTYPES)
@@ -311,7 +337,8 @@ def test_blocked_gradients_are_bit_exact_with_autograd_of_the_formula(dtype, lay
     x = (3 * torch.randn(2, 3, 13, 10)).to(dtype).requires_grad_()
     cos, sin = random_tables(2, 13, 4)
     grad = torch.randn(2, 3, 13, 10).to(dtype)
-    expected, = torch.autograd.grad(rope._rotation_formula(x, *(rope._align_table(t, x) for t in (cos, sin)),
-                                                           layout), x, grad)
-    actual, = torch.autograd.grad(posenc.apply_rope(x, cos, sin, layout), x, grad)
+    (expected,) = torch.autograd.grad(
+        rope._rotation_formula(x, *(rope._align_table(t, x) for t in (cos, sin)), layout), x, grad
+    )
+    (actual,) = torch.autograd.grad(posenc.apply_rope(x, cos, sin, layout), x, grad)
     assert torch.equal(actual, expected)

@@ -1,4 +1,5 @@
 """posenc.rope_frequencies against transformers' own tables, bit for bit, and its errors."""
+
 import re
 
 import pytest
@@ -37,15 +38,22 @@ def test_partial_and_proportional_equal_transformers(fraction):
     from transformers.modeling_rope_utils import ROPE_INIT_FUNCTIONS
     from transformers.models.gpt_neox.modeling_gpt_neox import GPTNeoXRotaryEmbedding
 
-    neox = GPTNeoXRotaryEmbedding(GPTNeoXConfig(hidden_size=HEAD_DIM * 4, num_attention_heads=4,
-                                                rope_parameters={"rope_type": "default", "rope_theta": 10000.0,
-                                                                 "partial_rotary_factor": fraction}))
+    neox = GPTNeoXRotaryEmbedding(
+        GPTNeoXConfig(
+            hidden_size=HEAD_DIM * 4,
+            num_attention_heads=4,
+            rope_parameters={"rope_type": "default", "rope_theta": 10000.0, "partial_rotary_factor": fraction},
+        )
+    )
     params = {"rope_theta": 10000.0, "partial_rotary_factor": fraction}
     assert torch.equal(posenc.rope_frequencies(HEAD_DIM, params)[0], neox.inv_freq)
     if "proportional" in ROPE_INIT_FUNCTIONS:
         reference = llama_rotary("default")
-        reference.config.rope_parameters = {"rope_type": "proportional", "rope_theta": 10000.0,
-                                             "partial_rotary_factor": fraction}
+        reference.config.rope_parameters = {
+            "rope_type": "proportional",
+            "rope_theta": 10000.0,
+            "partial_rotary_factor": fraction,
+        }
         expected, _ = ROPE_INIT_FUNCTIONS["proportional"](reference.config)
         mine, _ = posenc.rope_frequencies(HEAD_DIM, {**params, "rope_type": "proportional"})
         assert torch.equal(mine, expected)
@@ -54,9 +62,15 @@ def test_partial_and_proportional_equal_transformers(fraction):
 def test_registry_is_complete_and_shares_one_signature():
     assert {"default", "linear", "dynamic", "yarn", "longrope", "llama3"} <= set(ROPE_FREQUENCY_FUNCTIONS)
     for name, fn in ROPE_FREQUENCY_FUNCTIONS.items():
-        inv_freq, factor = fn(HEAD_DIM, rope_parameters("longrope") if name == "longrope" else
-                              {"rope_type": name, "factor": 2.0, "low_freq_factor": 1.0, "high_freq_factor": 4.0},
-                              MAX_POSITIONS, None, None)
+        inv_freq, factor = fn(
+            HEAD_DIM,
+            rope_parameters("longrope")
+            if name == "longrope"
+            else {"rope_type": name, "factor": 2.0, "low_freq_factor": 1.0, "high_freq_factor": 4.0},
+            MAX_POSITIONS,
+            None,
+            None,
+        )
         assert inv_freq.shape == (HEAD_DIM // 2,) and isinstance(factor, float)
 
 
@@ -67,9 +81,15 @@ def test_unknown_rope_type_lists_the_known_ones():
         assert name in str(error.value)
 
 
-MINIMAL = {"default": {}, "linear": {"factor": 2.0}, "dynamic": {"factor": 2.0}, "yarn": {"factor": 2.0},
-           "longrope": {"short_factor": [1.0] * 32, "long_factor": [2.0] * 32},
-           "llama3": {"factor": 8.0, "low_freq_factor": 1.0, "high_freq_factor": 4.0}, "proportional": {}}
+MINIMAL = {
+    "default": {},
+    "linear": {"factor": 2.0},
+    "dynamic": {"factor": 2.0},
+    "yarn": {"factor": 2.0},
+    "longrope": {"short_factor": [1.0] * 32, "long_factor": [2.0] * 32},
+    "llama3": {"factor": 8.0, "low_freq_factor": 1.0, "high_freq_factor": 4.0},
+    "proportional": {},
+}
 
 
 def test_the_table_covers_the_registry_and_minimal_parameters_work():
@@ -91,8 +111,9 @@ def test_key_sets_are_transformers_own(rope_type):
 
     spec = ROPE_TYPES[rope_type]
     params = {"rope_type": rope_type, "rope_theta": 10000.0, **MINIMAL[rope_type]}
-    config = LlamaConfig(hidden_size=HEAD_DIM * 4, num_attention_heads=4, max_position_embeddings=1024,
-                         rope_parameters=dict(params))
+    config = LlamaConfig(
+        hidden_size=HEAD_DIM * 4, num_attention_heads=4, max_position_embeddings=1024, rope_parameters=dict(params)
+    )
 
     def unrecognized(rope_parameters):
         seen = []
@@ -115,9 +136,17 @@ def test_key_sets_are_transformers_own(rope_type):
         posenc.rope_frequencies(HEAD_DIM, {**everything, "not_a_key": 1.0}, 1024)
 
 
-SAMPLE_VALUES = {"partial_rotary_factor": 1.0, "original_max_position_embeddings": 256, "attention_factor": 1.0,
-                 "beta_fast": 32, "beta_slow": 1, "mscale": 1.0, "mscale_all_dim": 1.0, "truncate": True,
-                 "factor": 4.0}
+SAMPLE_VALUES = {
+    "partial_rotary_factor": 1.0,
+    "original_max_position_embeddings": 256,
+    "attention_factor": 1.0,
+    "beta_fast": 32,
+    "beta_slow": 1,
+    "mscale": 1.0,
+    "mscale_all_dim": 1.0,
+    "truncate": True,
+    "factor": 4.0,
+}
 
 
 def test_a_key_the_rope_type_ignores_is_an_error():
@@ -130,8 +159,13 @@ def test_a_key_the_rope_type_ignores_is_an_error():
 
 
 def test_a_misspelled_key_names_the_closest_valid_one():
-    params = {"rope_type": "llama3", "factor": 8.0, "low_freq_factor": 1.0, "high_freq_factor": 4.0,
-              "orignal_max_position_embeddings": 8192}
+    params = {
+        "rope_type": "llama3",
+        "factor": 8.0,
+        "low_freq_factor": 1.0,
+        "high_freq_factor": 4.0,
+        "orignal_max_position_embeddings": 8192,
+    }
     with pytest.raises(ValueError, match="'orignal_max_position_embeddings'") as error:
         posenc.rope_frequencies(128, params, 131072)
     message = str(error.value)
@@ -160,25 +194,30 @@ def test_the_legacy_key_type_is_read_as_rope_type(case):
 @pytest.mark.parametrize("rope_type", [name for name in sorted(ROPE_TYPES) if ROPE_TYPES[name].required])
 def test_missing_required_parameter_is_named(rope_type):
     for missing in ROPE_TYPES[rope_type].required:
-        for params in ({k: v for k, v in MINIMAL[rope_type].items() if k != missing},
-                       {**MINIMAL[rope_type], missing: None}):
+        for params in (
+            {k: v for k, v in MINIMAL[rope_type].items() if k != missing},
+            {**MINIMAL[rope_type], missing: None},
+        ):
             with pytest.raises(ValueError, match=rf"\['{missing}'\] is required for rope_type='{rope_type}'"):
                 posenc.rope_frequencies(HEAD_DIM, {"rope_type": rope_type, **params})
 
 
-@pytest.mark.parametrize("rope_type, key, value, expected", [
-    ("linear", "factor", 0.5, ">= 1"),  # transformers warns: factor must be >= 1
-    ("linear", "factor", "2", ">= 1"),
-    ("yarn", "beta_fast", "32", "a number"),
-    ("yarn", "truncate", None, "True or False"),
-    ("yarn", "attention_factor", -1.0, ">= 0"),
-    ("yarn", "original_max_position_embeddings", 256.5, "an int"),
-    ("llama3", "high_freq_factor", 0.5, "greater than 'low_freq_factor'"),
-    ("yarn", "beta_slow", 64, "'beta_fast'"),
-    ("longrope", "short_factor", "1.0", "a list of numbers"),
-    ("default", "rope_theta", 1.0, "> 1"),
-    ("default", "partial_rotary_factor", 1.5, r"\[0, 1\]"),
-])
+@pytest.mark.parametrize(
+    "rope_type, key, value, expected",
+    [
+        ("linear", "factor", 0.5, ">= 1"),  # transformers warns: factor must be >= 1
+        ("linear", "factor", "2", ">= 1"),
+        ("yarn", "beta_fast", "32", "a number"),
+        ("yarn", "truncate", None, "True or False"),
+        ("yarn", "attention_factor", -1.0, ">= 0"),
+        ("yarn", "original_max_position_embeddings", 256.5, "an int"),
+        ("llama3", "high_freq_factor", 0.5, "greater than 'low_freq_factor'"),
+        ("yarn", "beta_slow", 64, "'beta_fast'"),
+        ("longrope", "short_factor", "1.0", "a list of numbers"),
+        ("default", "rope_theta", 1.0, "> 1"),
+        ("default", "partial_rotary_factor", 1.5, r"\[0, 1\]"),
+    ],
+)
 def test_values_transformers_warns_about_are_errors(rope_type, key, value, expected):
     with pytest.raises(ValueError, match=key) as error:
         posenc.rope_frequencies(HEAD_DIM, {"rope_type": rope_type, **MINIMAL[rope_type], key: value})
@@ -186,11 +225,21 @@ def test_values_transformers_warns_about_are_errors(rope_type, key, value, expec
 
 
 def test_optional_keys_may_be_none_as_in_transformers():
-    inv_freq, factor = posenc.rope_frequencies(HEAD_DIM, {"rope_type": "yarn", "factor": 4.0, "beta_fast": None,
-                                                          "beta_slow": None, "attention_factor": None,
-                                                          "original_max_position_embeddings": 256}, 1024)
-    expected = posenc.rope_frequencies(HEAD_DIM, {"rope_type": "yarn", "factor": 4.0,
-                                                  "original_max_position_embeddings": 256}, 1024)
+    inv_freq, factor = posenc.rope_frequencies(
+        HEAD_DIM,
+        {
+            "rope_type": "yarn",
+            "factor": 4.0,
+            "beta_fast": None,
+            "beta_slow": None,
+            "attention_factor": None,
+            "original_max_position_embeddings": 256,
+        },
+        1024,
+    )
+    expected = posenc.rope_frequencies(
+        HEAD_DIM, {"rope_type": "yarn", "factor": 4.0, "original_max_position_embeddings": 256}, 1024
+    )
     assert torch.equal(inv_freq, expected[0]) and factor == expected[1]
 
 
@@ -206,8 +255,9 @@ def test_wrong_types_are_rejected():
     with pytest.raises(TypeError, match="head_dim"):
         posenc.rope_frequencies(64.0)
     with pytest.raises(ValueError, match="long_factor"):
-        posenc.rope_frequencies(HEAD_DIM, {"rope_type": "longrope", "short_factor": [1.0] * 32,
-                                           "long_factor": [1.0] * 31})
+        posenc.rope_frequencies(
+            HEAD_DIM, {"rope_type": "longrope", "short_factor": [1.0] * 32, "long_factor": [1.0] * 31}
+        )
 
 
 @pytest.mark.parametrize("head_dim", [4, 8, 16])
@@ -221,10 +271,19 @@ def test_yarn_on_small_heads_where_the_clamp_decides_equals_transformers(head_di
     from transformers import LlamaConfig
     from transformers.modeling_rope_utils import ROPE_INIT_FUNCTIONS
 
-    params = {"rope_type": "yarn", "rope_theta": 10000.0, "factor": 8.0, "original_max_position_embeddings": original,
-              "truncate": truncate}
-    config = LlamaConfig(hidden_size=4 * head_dim, num_attention_heads=4, max_position_embeddings=8 * original,
-                         rope_parameters=dict(params))
+    params = {
+        "rope_type": "yarn",
+        "rope_theta": 10000.0,
+        "factor": 8.0,
+        "original_max_position_embeddings": original,
+        "truncate": truncate,
+    }
+    config = LlamaConfig(
+        hidden_size=4 * head_dim,
+        num_attention_heads=4,
+        max_position_embeddings=8 * original,
+        rope_parameters=dict(params),
+    )
     expected, expected_factor = ROPE_INIT_FUNCTIONS["yarn"](config, None)
     inv_freq, factor = posenc.rope_frequencies(head_dim, params, 8 * original)
     assert torch.equal(inv_freq, expected)  # exact: the same float32 operations in the same order
@@ -240,8 +299,9 @@ def test_yarn_keeps_the_fastest_pair_of_an_8_dimensional_head_where_the_papers_r
     from posenc import context_extension as ext
 
     rope = posenc.rope_frequencies(8, {"rope_theta": 10000.0})[0].double()
-    code, _ = posenc.rope_frequencies(8, {"rope_type": "yarn", "factor": 8.0, "original_max_position_embeddings": 16},
-                                      128)
+    code, _ = posenc.rope_frequencies(
+        8, {"rope_type": "yarn", "factor": 8.0, "original_max_position_embeddings": 16}, 128
+    )
     assert code[0] == rope[0] == 1  # exact: the clamped ramp starts at pair 0, whose keep weight is exactly 1
     assert torch.allclose(code[1:].double(), rope[1:] / 8, rtol=1e-6)  # float32 table against float64
     gamma = ext.yarn_ramp(ext.turns(rope, 16))  # the paper's ramp: pair 0 turns 16 / 2 pi = 2.55 times

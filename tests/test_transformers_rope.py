@@ -1,6 +1,7 @@
 """posenc.use_posenc_rope on tiny random transformers models of every family it supports, and the clear refusal of
 the rest (offline). Against the unpatched model: float32 logits and greedy generate bit for bit (left padding,
 static cache), bf16 bit for bit with rounding="model", one instance patched at a time, torch.compile fullgraph."""
+
 import threading
 
 import pytest
@@ -22,15 +23,31 @@ def _configs():
     yield "qwen2", tf.Qwen2Config, KV
     yield "qwen3", tf.Qwen3Config, dict(KV, head_dim=8)
     yield "gemma2", tf.Gemma2Config, dict(KV, head_dim=8, sliding_window=8)
-    yield "gemma3", tf.Gemma3TextConfig, dict(KV, head_dim=8, sliding_window=8,
-                                              layer_types=["sliding_attention", "full_attention"])
-    yield "phi3", tf.Phi3Config, dict(KV, original_max_position_embeddings=16,
-                                      rope_parameters={"rope_type": "longrope", "rope_theta": 10000.0,
-                                                       "short_factor": [1.0, 1.1, 1.3, 1.7],
-                                                       "long_factor": [1.0, 1.5, 2.5, 4.0]})
+    yield (
+        "gemma3",
+        tf.Gemma3TextConfig,
+        dict(KV, head_dim=8, sliding_window=8, layer_types=["sliding_attention", "full_attention"]),
+    )
+    yield (
+        "phi3",
+        tf.Phi3Config,
+        dict(
+            KV,
+            original_max_position_embeddings=16,
+            rope_parameters={
+                "rope_type": "longrope",
+                "rope_theta": 10000.0,
+                "short_factor": [1.0, 1.1, 1.3, 1.7],
+                "long_factor": [1.0, 1.5, 2.5, 4.0],
+            },
+        ),
+    )
     yield "smollm3", tf.SmolLM3Config, dict(KV, no_rope_layers=[1, 0])
-    yield "gpt_neox", tf.GPTNeoXConfig, dict(rope_parameters={"rope_type": "default", "rope_theta": 10000.0,
-                                                              "partial_rotary_factor": 0.5})
+    yield (
+        "gpt_neox",
+        tf.GPTNeoXConfig,
+        dict(rope_parameters={"rope_type": "default", "rope_theta": 10000.0, "partial_rotary_factor": 0.5}),
+    )
     # the families of issue 31's table: the same rotation under other names, partial rotary, interleaved pairs
     yield "mixtral", tf.MixtralConfig, dict(KV, num_local_experts=4, num_experts_per_tok=2)
     yield "qwen2_moe", tf.Qwen2MoeConfig, dict(**KV, **MOE, num_experts=4, shared_expert_intermediate_size=16)
@@ -43,10 +60,24 @@ def _configs():
     yield "starcoder2", tf.Starcoder2Config, KV
     yield "gemma", tf.GemmaConfig, dict(KV, head_dim=8)
     # MLA: the decoupled rope slice, interleaved in and half out (rope_interleave, the default)
-    yield "deepseek_v3", tf.DeepseekV3Config, dict(num_key_value_heads=4, kv_lora_rank=16, q_lora_rank=24, qk_rope_head_dim=8,
-                                                   qk_nope_head_dim=8, v_head_dim=8, n_routed_experts=4,
-                                                   num_experts_per_tok=2, moe_intermediate_size=16,
-                                                   first_k_dense_replace=1, n_group=1, topk_group=1)
+    yield (
+        "deepseek_v3",
+        tf.DeepseekV3Config,
+        dict(
+            num_key_value_heads=4,
+            kv_lora_rank=16,
+            q_lora_rank=24,
+            qk_rope_head_dim=8,
+            qk_nope_head_dim=8,
+            v_head_dim=8,
+            n_routed_experts=4,
+            num_experts_per_tok=2,
+            moe_intermediate_size=16,
+            first_k_dense_replace=1,
+            n_group=1,
+            topk_group=1,
+        ),
+    )
 
 
 CONFIGS = {name: (cls, kwargs) for name, cls, kwargs in _configs()}
@@ -56,9 +87,11 @@ LAYOUTS = {"cohere": "interleaved"}  # every other family pairs halves
 @pytest.fixture(scope="session")
 def make(tiny_model):
     """make(family, seed=0, **config changes) -> a tiny random causal LM of that family."""
+
     def build(name, seed=0, **changes):
         cls, kwargs = CONFIGS[name]
         return tiny_model(cls, seed=seed, **{**kwargs, **changes})
+
     return build
 
 
@@ -124,8 +157,9 @@ def test_generate_with_a_static_cache(make, name):
 
 
 def test_llama4_complex_rotation_is_refused_with_the_reason(tiny_model):
-    model = tiny_model(tf.Llama4TextConfig, num_key_value_heads=2, intermediate_size_mlp=64, head_dim=8,
-                       num_local_experts=2)
+    model = tiny_model(
+        tf.Llama4TextConfig, num_key_value_heads=2, intermediate_size_mlp=64, head_dim=8, num_local_experts=2
+    )
     with pytest.raises(TypeError, match="complex64 tensor.*complex product"):
         posenc.use_posenc_rope(model)
     assert getattr(model, "_posenc_rope", None) is None
@@ -148,8 +182,9 @@ class MyLlama(tf.LlamaForCausalLM):
     """A user's subclass: not a name use_posenc_rope knows."""
 
 
-@pytest.mark.parametrize("head", [MyLlama, tf.LlamaForSequenceClassification, tf.LlamaModel],
-                         ids=lambda head: head.__name__)
+@pytest.mark.parametrize(
+    "head", [MyLlama, tf.LlamaForSequenceClassification, tf.LlamaModel], ids=lambda head: head.__name__
+)
 def test_subclasses_task_heads_and_base_models(tiny_model, head):
     model = tiny_model(tf.LlamaConfig, head=head, **KV)
     x = ids(16)
@@ -168,13 +203,29 @@ def test_subclasses_task_heads_and_base_models(tiny_model, head):
 
 
 def _gemma3_multimodal(tiny_model, head):
-    text = dict(vocab_size=VOCAB, hidden_size=32, intermediate_size=64, num_hidden_layers=2, num_attention_heads=4,
-                num_key_value_heads=2, head_dim=8, sliding_window=8, max_position_embeddings=64,
-                layer_types=["sliding_attention", "full_attention"])
-    vision = dict(hidden_size=16, intermediate_size=32, num_hidden_layers=1, num_attention_heads=2, image_size=28,
-                  patch_size=14)
-    config = tf.Gemma3Config(text_config=text, vision_config=vision, mm_tokens_per_image=4, image_token_index=96,
-                             boi_token_index=94, eoi_token_index=95)
+    text = dict(
+        vocab_size=VOCAB,
+        hidden_size=32,
+        intermediate_size=64,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        head_dim=8,
+        sliding_window=8,
+        max_position_embeddings=64,
+        layer_types=["sliding_attention", "full_attention"],
+    )
+    vision = dict(
+        hidden_size=16, intermediate_size=32, num_hidden_layers=1, num_attention_heads=2, image_size=28, patch_size=14
+    )
+    config = tf.Gemma3Config(
+        text_config=text,
+        vision_config=vision,
+        mm_tokens_per_image=4,
+        image_token_index=96,
+        boi_token_index=94,
+        eoi_token_index=95,
+    )
     return tiny_model(config, head=head)
 
 
@@ -274,14 +325,15 @@ def test_float32_default_rotates_bf16_at_the_rounding_floor():
     ours = (posenc.apply_rope(q, cos, sin).double() - exact).abs().mean()
     half = positions[..., None].float() * inv_freq.bfloat16().float()
     table = torch.cat((half, half), -1)
-    theirs = (apply_rotary_pos_emb(q, q, table.cos().bfloat16(), table.sin().bfloat16())[0].double() - exact)
+    theirs = apply_rotary_pos_emb(q, q, table.cos().bfloat16(), table.sin().bfloat16())[0].double() - exact
     assert ours <= floor * 1.001
     assert theirs.abs().mean() > 10 * floor
 
 
 # ------------------------------------------------------------------------------------ torch.compile
-@pytest.mark.parametrize("rope_parameters", [None, {"rope_type": "dynamic", "factor": 2.0, "rope_theta": 1e4}],
-                         ids=["default", "dynamic"])
+@pytest.mark.parametrize(
+    "rope_parameters", [None, {"rope_type": "dynamic", "factor": 2.0, "rope_theta": 1e4}], ids=["default", "dynamic"]
+)
 def test_compiles_whole_with_no_more_graph_breaks(tiny_model, rope_parameters):
     """fullgraph=True fails on any graph break: the patched model compiles into one graph (0 breaks), for a static
     rope type (the unpatched model: 0 breaks too) and for dynamic NTK (the unpatched model breaks on its
@@ -308,7 +360,7 @@ def test_tables_are_built_once_per_forward(make):
             handle = model._posenc_rope
             calls = []
             cos_sin = handle.cos_sin
-            handle.cos_sin = lambda *args, **kwargs: calls.append(1) or cos_sin(*args, **kwargs)
+            handle.cos_sin = lambda *args, **kwargs: calls.append(1) or cos_sin(*args, **kwargs)  # noqa: B023
             logits(patched, ids(12))
         assert len(calls) == per_forward
 
@@ -317,8 +369,13 @@ def test_tables_are_built_once_per_forward(make):
 def test_changed_rope_parameters_equal_the_rebuilt_model(make, name):
     model = make(name)
     parameters = dict(model.config.rope_parameters)
-    yarn = {**parameters, "rope_type": "yarn", "rope_theta": 5000.0, "factor": 4.0,
-            "original_max_position_embeddings": 16}
+    yarn = {
+        **parameters,
+        "rope_type": "yarn",
+        "rope_theta": 5000.0,
+        "factor": 4.0,
+        "original_max_position_embeddings": 16,
+    }
     x = ids(48)
     with torch.no_grad():
         expected = rebuilt(model, rope_parameters=yarn)(x).logits
@@ -330,8 +387,10 @@ def test_changed_rope_parameters_equal_the_rebuilt_model(make, name):
 
 def test_gemma3_local_and_global_bases(make):
     model = make("gemma3")
-    changed = {"sliding_attention": {"rope_type": "default", "rope_theta": 500.0},
-               "full_attention": {"rope_type": "linear", "rope_theta": 50000.0, "factor": 2.0}}
+    changed = {
+        "sliding_attention": {"rope_type": "default", "rope_theta": 500.0},
+        "full_attention": {"rope_type": "linear", "rope_theta": 50000.0, "factor": 2.0},
+    }
     x = ids(30)
     with torch.no_grad():
         expected = rebuilt(model, rope_parameters=changed)(x).logits
@@ -344,7 +403,7 @@ def test_gemma3_local_and_global_bases(make):
 
 def test_phi3_longrope_switches_tables_at_the_original_length(make):
     model = make("phi3")
-    short, long = ids(16), ids(40)
+    short = ids(16)
     handle = posenc.use_posenc_rope(model)
     try:
         inv_short = handle._table(None, 16)[0]
@@ -473,13 +532,28 @@ def test_rope_parameters_from_config_nested_and_legacy():
         posenc.rope_frequencies(256, gemma.rope_parameters)
     neox = posenc.rope_parameters_from_config(tf.GPTNeoXConfig())
     assert neox == {"rope_type": "default", "rope_theta": 10000.0, "partial_rotary_factor": 0.25}
-    legacy = {"rope_theta": 5e5, "rope_scaling": {"type": "yarn", "factor": 4.0}, "rotary_pct": 0.5,
-              "original_max_position_embeddings": 2048, "max_position_embeddings": 8192}
+    legacy = {
+        "rope_theta": 5e5,
+        "rope_scaling": {"type": "yarn", "factor": 4.0},
+        "rotary_pct": 0.5,
+        "original_max_position_embeddings": 2048,
+        "max_position_embeddings": 8192,
+    }
     assert posenc.rope_parameters_from_config(legacy) == {
-        "rope_type": "yarn", "factor": 4.0, "rope_theta": 5e5, "partial_rotary_factor": 0.5,
-        "original_max_position_embeddings": 2048}
-    llama = tf.LlamaConfig(rope_parameters={"rope_type": "yarn", "rope_theta": 1e5, "factor": 2.0,
-                                            "original_max_position_embeddings": 8192})
+        "rope_type": "yarn",
+        "factor": 4.0,
+        "rope_theta": 5e5,
+        "partial_rotary_factor": 0.5,
+        "original_max_position_embeddings": 2048,
+    }
+    llama = tf.LlamaConfig(
+        rope_parameters={
+            "rope_type": "yarn",
+            "rope_theta": 1e5,
+            "factor": 2.0,
+            "original_max_position_embeddings": 8192,
+        }
+    )
     assert posenc.rope_parameters_from_config(llama)["factor"] == 2.0
     with pytest.raises(ValueError, match="layer_type must be one of"):
         posenc.rope_parameters_from_config(tf.Qwen2Config(), layer_type="local")

@@ -12,6 +12,7 @@ kernel on CPU tensors. Against :func:`posenc.rope._rotation_formula`:
   equal the float32 formula truncated to bfloat16, which checks that the products were taken in float32 and
   rounded once.
 """
+
 import os
 
 import pytest
@@ -45,33 +46,42 @@ def tables(length, rotary_dim, batch=None, offset=0.0):
     inv_freq, _ = rope_frequencies(rotary_dim)
     positions = torch.arange(length) + offset
     if batch is not None:
-        positions = positions + 17.0 * torch.arange(batch)[:, None]     # (B, T): each sequence at its own offset
+        positions = positions + 17.0 * torch.arange(batch)[:, None]  # (B, T): each sequence at its own offset
     cos, sin = rope_cos_sin(positions, inv_freq)
     return cos.to(DEVICE), sin.to(DEVICE)
 
 
 def broadcast(table, x):
-    return table[:, None] if table.ndim == 3 else table              # (B, T, R/2) -> (B, 1, T, R/2)
+    return table[:, None] if table.ndim == 3 else table  # (B, T, R/2) -> (B, 1, T, R/2)
 
 
 @settings(max_examples=25, deadline=None)
-@given(dtype=st.sampled_from([torch.float32, torch.float64, torch.float16, torch.bfloat16]),
-       layout=st.sampled_from(["half", "interleaved"]),
-       batch=st.integers(1, 2), q_heads=st.integers(1, 4), kv_divisor=st.sampled_from([1, 2, 4]),
-       length=st.integers(1, 37), half=st.integers(1, 9), extra=st.sampled_from([0, 2, 6]),
-       batched_tables=st.booleans(), offset=st.sampled_from([0.0, 1000.5, 70_000.0]),
-       seq_dim=st.sampled_from([-2, -3]), strided=st.booleans())
-def test_kernel_equals_the_formula(dtype, layout, batch, q_heads, kv_divisor, length, half, extra, batched_tables,
-                                   offset, seq_dim, strided):
+@given(
+    dtype=st.sampled_from([torch.float32, torch.float64, torch.float16, torch.bfloat16]),
+    layout=st.sampled_from(["half", "interleaved"]),
+    batch=st.integers(1, 2),
+    q_heads=st.integers(1, 4),
+    kv_divisor=st.sampled_from([1, 2, 4]),
+    length=st.integers(1, 37),
+    half=st.integers(1, 9),
+    extra=st.sampled_from([0, 2, 6]),
+    batched_tables=st.booleans(),
+    offset=st.sampled_from([0.0, 1000.5, 70_000.0]),
+    seq_dim=st.sampled_from([-2, -3]),
+    strided=st.booleans(),
+)
+def test_kernel_equals_the_formula(
+    dtype, layout, batch, q_heads, kv_divisor, length, half, extra, batched_tables, offset, seq_dim, strided
+):
     kv_heads = max(1, q_heads // kv_divisor)
-    rotary_dim, head_dim = 2 * half, 2 * half + extra                  # odd pair counts hit the kernel's masks
+    rotary_dim, head_dim = 2 * half, 2 * half + extra  # odd pair counts hit the kernel's masks
     cos, sin = tables(length, rotary_dim, batch if batched_tables else None, offset)
 
     def make(heads):
         shape = (batch, heads, length, head_dim) if seq_dim == -2 else (batch, length, heads, head_dim)
-        if strided:   # a slice of a wider (fused qkv-like) buffer: every stride differs from the contiguous one
+        if strided:  # a slice of a wider (fused qkv-like) buffer: every stride differs from the contiguous one
             wide = torch.randn(*shape[:-1], 3 * head_dim, device=DEVICE).to(dtype)
-            return wide[..., head_dim:2 * head_dim]
+            return wide[..., head_dim : 2 * head_dim]
         return torch.randn(shape, device=DEVICE).to(dtype)
 
     q, k = make(q_heads), make(kv_heads)
@@ -81,14 +91,16 @@ def test_kernel_equals_the_formula(dtype, layout, batch, q_heads, kv_divisor, le
     assert torch.equal(heads_first(q_out), expected(heads_first(q), broadcast(cos, q), broadcast(sin, q), layout))
     assert torch.equal(heads_first(k_out), expected(heads_first(k), broadcast(cos, k), broadcast(sin, k), layout))
 
-    q_copy, k_copy = q.clone(), k.clone()
-    tr.rope_qk_(q, k, cos, sin, layout, seq_dim=seq_dim)             # in place, through the same strides
+    q_copy = q.clone()
+    tr.rope_qk_(q, k, cos, sin, layout, seq_dim=seq_dim)  # in place, through the same strides
     assert torch.equal(q, q_out) and torch.equal(k, k_out)
     back_q, _ = tr.rope_qk(q, k, cos, sin, layout, seq_dim=seq_dim, conjugate=True)
     if dtype in (torch.float32, torch.float64):
         # the inverse rotation undoes it up to the float32 tables: cos^2 + sin^2 = 1 within ~2 eps32, plus the
         # rounding of the two rotations' products and sums (a few eps32 at most, also in float64)
-        assert torch.allclose(back_q, q_copy, rtol=0, atol=8 * torch.finfo(torch.float32).eps * (1 + q_copy.abs().max()))
+        assert torch.allclose(
+            back_q, q_copy, rtol=0, atol=8 * torch.finfo(torch.float32).eps * (1 + q_copy.abs().max())
+        )
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
@@ -100,8 +112,11 @@ def test_gradients_equal_autograd_of_the_formula(dtype, layout):
     weights_q, weights_k = torch.randn_like(q), torch.randn_like(k)
     q_out, k_out = tr.rope_qk(q, k, cos, sin, layout)
     grads = torch.autograd.grad((q_out * weights_q).sum() + (k_out * weights_k).sum(), (q, k))
-    reference = torch.autograd.grad((_rotation_formula(q, cos, sin, layout) * weights_q).sum()
-                                    + (_rotation_formula(k, cos, sin, layout) * weights_k).sum(), (q, k))
+    reference = torch.autograd.grad(
+        (_rotation_formula(q, cos, sin, layout) * weights_q).sum()
+        + (_rotation_formula(k, cos, sin, layout) * weights_k).sum(),
+        (q, k),
+    )
     # the backward is the kernel with sin negated: x1 cos + x2 sin where autograd forms x1 cos + (-sin) x2 ...
     # both are the same two products and one sum, so bit for bit
     assert torch.equal(grads[0], reference[0]) and torch.equal(grads[1], reference[1])
@@ -110,8 +125,10 @@ def test_gradients_equal_autograd_of_the_formula(dtype, layout):
 def test_opcheck_of_both_ops():
     cos, sin = tables(5, 8)
     q, k = torch.randn(1, 2, 5, 8, device=DEVICE), torch.randn(1, 1, 5, 8, device=DEVICE)
-    for op, args in ((tr._rope_qk_op, (q, k, cos[None], sin[None], False, False)),
-                     (tr._rope_qk_inplace_op, (q.clone(), k.clone(), cos[None], sin[None], True, False))):
+    for op, args in (
+        (tr._rope_qk_op, (q, k, cos[None], sin[None], False, False)),
+        (tr._rope_qk_inplace_op, (q.clone(), k.clone(), cos[None], sin[None], True, False)),
+    ):
         torch.library.opcheck(op, args)
 
 
@@ -179,14 +196,18 @@ def test_apply_rope_dispatches_to_the_kernel_with_the_same_result(triton_path, m
     shape = lambda heads: (2, heads, 6, 16) if seq_dim == -2 else (2, 6, heads, 16)
     q, k = torch.randn(shape(4), device=DEVICE), torch.randn(shape(2), device=DEVICE)
     cos, sin = tables(6, 12)
-    kernel = (posenc.apply_rope(q, cos, sin, layout, seq_dim=seq_dim),
-              posenc.apply_rope_qk(q, k, cos, sin, layout, seq_dim=seq_dim),
-              posenc.apply_rope_(q.clone(), cos, sin, layout, seq_dim=seq_dim))
+    kernel = (
+        posenc.apply_rope(q, cos, sin, layout, seq_dim=seq_dim),
+        posenc.apply_rope_qk(q, k, cos, sin, layout, seq_dim=seq_dim),
+        posenc.apply_rope_(q.clone(), cos, sin, layout, seq_dim=seq_dim),
+    )
     with monkeypatch.context() as formula_only:
         formula_only.setattr(rope, "_use_triton", lambda x: False)
-        formula = (posenc.apply_rope(q, cos, sin, layout, seq_dim=seq_dim),
-                   posenc.apply_rope_qk(q, k, cos, sin, layout, seq_dim=seq_dim),
-                   posenc.apply_rope_(q.clone(), cos, sin, layout, seq_dim=seq_dim))
+        formula = (
+            posenc.apply_rope(q, cos, sin, layout, seq_dim=seq_dim),
+            posenc.apply_rope_qk(q, k, cos, sin, layout, seq_dim=seq_dim),
+            posenc.apply_rope_(q.clone(), cos, sin, layout, seq_dim=seq_dim),
+        )
     assert torch.equal(kernel[0], formula[0]) and torch.equal(kernel[2], formula[2])
     assert all(torch.equal(a, b) for a, b in zip(kernel[1], formula[1]))
     module = posenc.RotaryEmbedding(16, seq_dim=seq_dim)
@@ -203,8 +224,9 @@ def test_apply_rope_dispatches_to_the_kernel_with_the_same_result(triton_path, m
 def test_the_cuda_branch_reads_no_value_and_makes_no_host_tensor(triton_path):
     """The CUDA branch on the meta device: any read of a value (.item(), bool(), a Python float of a tensor) raises
     there, and the dispatch mode below fails on any tensor the branch would create on the host."""
-    import posenc
     from torch.utils._python_dispatch import TorchDispatchMode
+
+    import posenc
 
     class NoHostTensors(TorchDispatchMode):
         def __torch_dispatch__(self, func, types, args=(), kwargs=None):
@@ -214,10 +236,12 @@ def test_the_cuda_branch_reads_no_value_and_makes_no_host_tensor(triton_path):
                     raise AssertionError(f"{func} made a host tensor on the device path")
             return out
 
-    for rope_type, extra in [("default", {}), ("yarn", {"factor": 4.0, "original_max_position_embeddings": 64}),
-                             ("dynamic", {"factor": 2.0}),
-                             ("longrope", {"long_factor": [1.5] * 16, "short_factor": [1.0] * 16,
-                                           "original_max_position_embeddings": 32})]:
+    for rope_type, extra in [
+        ("default", {}),
+        ("yarn", {"factor": 4.0, "original_max_position_embeddings": 64}),
+        ("dynamic", {"factor": 2.0}),
+        ("longrope", {"long_factor": [1.5] * 16, "short_factor": [1.0] * 16, "original_max_position_embeddings": 32}),
+    ]:
         module = posenc.RotaryEmbedding(32, {"rope_type": rope_type, **extra}, max_position_embeddings=64).to("meta")
         q = torch.randn(2, 4, 9, 32, device="meta", dtype=torch.bfloat16)
         k = torch.randn(2, 2, 9, 32, device="meta", dtype=torch.bfloat16)

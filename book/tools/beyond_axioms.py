@@ -28,6 +28,7 @@ Usage (what ``make beyond-axioms`` runs; ``--budget-only`` remakes only ``"budge
 
     nice -n 10 python -m book.tools.beyond_axioms --output posenc/lab/data/beyond_axioms.json
 """
+
 from __future__ import annotations
 
 import argparse
@@ -88,17 +89,26 @@ def budget_check(names, progress=print) -> dict:
     alibi = register_alibi_slopes()
     longer_names = list(names) + [alibi]
     longer = run(longer_names, chapter_config(steps=BUDGET_STEPS, seeds=BUDGET_SEEDS), progress=progress)
-    return {"steps": BUDGET_STEPS, "seeds": list(BUDGET_SEEDS), "names": longer_names,
-            "labels": {name: ex.encoding_label(name) for name in longer_names},
-            "alibi_slopes": list(ALIBI_SLOPES), "alibi_slopes_name": alibi,
-            "k2": run([alibi], chapter_config(), progress=progress),
-            "k1": run([alibi], chapter_config(), k=1, progress=progress), "longer": longer,
-            "machine": machine()}
+    return {
+        "steps": BUDGET_STEPS,
+        "seeds": list(BUDGET_SEEDS),
+        "names": longer_names,
+        "labels": {name: ex.encoding_label(name) for name in longer_names},
+        "alibi_slopes": list(ALIBI_SLOPES),
+        "alibi_slopes_name": alibi,
+        "k2": run([alibi], chapter_config(), progress=progress),
+        "k1": run([alibi], chapter_config(), k=1, progress=progress),
+        "longer": longer,
+        "machine": machine(),
+    }
 
 
 def machine() -> dict:
-    return {"platform": platform.platform(), "cores": os.cpu_count(),
-            "versions": {"python": platform.python_version(), "torch": torch.__version__}}
+    return {
+        "platform": platform.platform(),
+        "cores": os.cpu_count(),
+        "versions": {"python": platform.python_version(), "torch": torch.__version__},
+    }
 
 
 def run(names, config, k: int = K, rate: float = RATE, sparse_rate: float = SPARSE_RATE, progress=print) -> dict:
@@ -119,10 +129,11 @@ def run(names, config, k: int = K, rate: float = RATE, sparse_rate: float = SPAR
     seeds = len(config.seeds)
     result = {"accuracy": {}, "sparse": {}, "final_loss": {}}
     for g, name in enumerate(names):
-        group = runs[g * seeds:(g + 1) * seeds]
+        group = runs[g * seeds : (g + 1) * seeds]
         result["accuracy"][name] = {str(n): [r.accuracy[n] for r in group] for n in config.eval_lengths}
-        result["sparse"][name] = {str(n): sparse_accuracy[n][g * seeds:(g + 1) * seeds].tolist()
-                                  for n in config.eval_lengths}
+        result["sparse"][name] = {
+            str(n): sparse_accuracy[n][g * seeds : (g + 1) * seeds].tolist() for n in config.eval_lengths
+        }
         result["final_loss"][name] = [r.losses[-1] for r in group]
     # the sparse evaluation split by whether the k-th marker is also the last one (FoX's "forget before a marker")
     result["sparse_last"], result["sparse_not_last"] = {}, {}
@@ -134,16 +145,19 @@ def run(names, config, k: int = K, rate: float = RATE, sparse_rate: float = SPAR
             for g, name in enumerate(names):
                 for key, _ in subsets:
                     result[key].setdefault(name, {})[str(n)] = []
-                for r in runs[g * seeds:(g + 1) * seeds]:
+                for r in runs[g * seeds : (g + 1) * seeds]:
                     r.model.eval()
                     right = r.model(inputs).argmax(-1) == targets  # one forward pass serves both subsets
                     for key, subset in subsets:
                         correct = right & subset
                         result[key][name][str(n)].append(correct.sum().item() / max(subset.sum().item(), 1))
     for key, each in (("ceiling", task), ("sparse_ceiling", sparse)):
-        result[key] = {str(n): tasks.position_blind_accuracy(each, ex.evaluation_data(each, n, config)[0],
-                                                             config.vocab_size, causal=True)
-                       for n in config.eval_lengths}
+        result[key] = {
+            str(n): tasks.position_blind_accuracy(
+                each, ex.evaluation_data(each, n, config)[0], config.vocab_size, causal=True
+            )
+            for n in config.eval_lengths
+        }
     result["seconds"] = time.perf_counter() - start
     return result
 
@@ -153,18 +167,25 @@ def main(argv=None) -> int:
     parser.add_argument("--output", default=str(ROOT / "posenc" / "lab" / "data" / "beyond_axioms.json"))
     parser.add_argument("--names", default=None, help="comma-separated encoding names (default: all)")
     parser.add_argument("--seeds", default=None, help="comma-separated seeds (default: chapter 11's five)")
-    parser.add_argument("--budget-only", action="store_true",
-                        help="remake only the budget check and ALiBi's fixed slopes (\"budget\") in --output")
+    parser.add_argument(
+        "--budget-only",
+        action="store_true",
+        help='remake only the budget check and ALiBi\'s fixed slopes ("budget") in --output',
+    )
     args = parser.parse_args(argv)
     names = args.names.split(",") if args.names else encoding_names()
-    config = chapter_config() if args.seeds is None else chapter_config(
-        seeds=tuple(int(s) for s in args.seeds.split(",")))
+    config = (
+        chapter_config() if args.seeds is None else chapter_config(seeds=tuple(int(s) for s in args.seeds.split(",")))
+    )
 
     from posenc.lab import experiments as ex
 
     def progress(pair):
-        print(f"{ex.encoding_label(pair[0].encoding):42s} final loss per seed "
-              + " ".join(f"{r.losses[-1]:.3f}" for r in pair), flush=True)
+        print(
+            f"{ex.encoding_label(pair[0].encoding):42s} final loss per seed "
+            + " ".join(f"{r.losses[-1]:.3f}" for r in pair),
+            flush=True,
+        )
 
     if args.budget_only:
         record = json.loads(Path(args.output).read_text())
@@ -180,8 +201,9 @@ def main(argv=None) -> int:
     budget = budget_check(names, progress=progress)
     record = {
         "task": {"name": "CopyAfterMarker", "k": K, "rate": RATE, "sparse_rate": SPARSE_RATE},
-        "config": {key: list(value) if isinstance(value, tuple) else value
-                   for key, value in dataclasses.asdict(config).items()},
+        "config": {
+            key: list(value) if isinstance(value, tuple) else value for key, value in dataclasses.asdict(config).items()
+        },
         "names": names,
         "labels": {name: ex.encoding_label(name) for name in names},
         **result,

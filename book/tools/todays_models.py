@@ -6,13 +6,13 @@ Usage (what ``make todays-models`` runs)::
 
     nice -n 10 python -m book.tools.todays_models --threads 1 --output posenc/lab/data/todays_models.json
 """
+
 from __future__ import annotations
 
 import argparse
 import json
 import time
 from pathlib import Path
-
 
 from posenc.lab.results import provenance
 
@@ -29,8 +29,13 @@ def main(argv=None) -> int:
     seconds = time.perf_counter() - start
     made = provenance(args.threads, "book.tools.todays_models")  # versions and command as every results file
     record = hybrid_study.results_record(
-        config, runs, seconds=round(seconds, 1), machine=hybrid_study.machine(args.threads),
-        versions=made["versions"], command=made["command"])
+        config,
+        runs,
+        seconds=round(seconds, 1),
+        machine=hybrid_study.machine(args.threads),
+        versions=made["versions"],
+        command=made["command"],
+    )
     output = Path(args.output)
     output.parent.mkdir(parents=True, exist_ok=True)
     output.write_text(json.dumps(record, indent=1) + "\n")

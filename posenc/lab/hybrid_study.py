@@ -1,13 +1,15 @@
 """Chapter 13's trained comparison of layer patterns, in chapter 11's harness (:mod:`posenc.lab.experiments`).
 
 Five four-layer models on chapter 11's two tasks and one content task (copy the token after the first marker, which
-falls within the first few tokens at every length; :func:`deep_marker_data` moves it deep), with chapter 11's sizes, budget and seeds (only ``n_layers`` differs):
+falls within the first few tokens at every length; :func:`deep_marker_data` moves it deep), with chapter 11's sizes,
+budget and seeds (only ``n_layers`` differs):
 RoPE in every layer, causal NoPE in every layer, the 3:1 hybrid (layers 0-2 RoPE, layer 3 NoPE: SmolLM3's pattern,
 Llama 4's without its chunks), RNoPE-SWA (the hybrid with its RoPE layers in a sliding window of :data:`WINDOW`
 tokens) and its control, the same windowed RoPE in every layer. :func:`train_study` trains them;
 ``book/tools/todays_models.py`` (``make todays-models``) writes the result to :data:`RESULTS_FILE`, which ships
 with the package, and :func:`load_results` reads it back, checked.
 """
+
 from __future__ import annotations
 
 import math
@@ -28,7 +30,8 @@ WINDOW = 8  # the RoPE layers' sliding window in RNoPE-SWA: half the training le
 # the three the chapter compares, then RNoPE-SWA and its control (windowed RoPE in all four layers)
 NAMES = ("rope", "nope-causal", "hybrid", "rnope-swa", "rope-window")
 RESULTS_FILE = DATA_DIR / "todays_models.json"
-#: The fresh evaluation (run by :func:`train_study`): :data:`FRESH_SEQUENCES` new sequences per length of :data:`FRESH_LENGTHS` (and per depth
+#: The fresh evaluation (run by :func:`train_study`): :data:`FRESH_SEQUENCES` new sequences per length of
+#: :data:`FRESH_LENGTHS` (and per depth
 #: probe of :data:`DEPTHS`), drawn with seeds offset by :data:`FRESH_SEED` from the harness's fixed batches, which hold
 #: only 64, 16 and 8 sequences at 4L, 16L and 32L. Every run records the pooled accuracy and the spread of its
 #: per-sequence accuracies.
@@ -52,14 +55,19 @@ def study_tasks() -> list:
 def register() -> None:
     """Add ``"rope-window"`` (RoPE with a causal sliding window of :data:`WINDOW`, in every layer where it is used)
     and ``"rnope-swa"`` (three such layers, then causal NoPE, repeated) to the harness; safe to call again."""
-    ex.add_encoding("rope-window", f"RoPE, sliding window {WINDOW}",
-                    lambda c: LocalWindow(RotaryEmbedding(c.head_dim), WINDOW))
-    ex.add_layer_pattern("rnope-swa", ("rope-window", "rope-window", "rope-window", "nope-causal"),
-                         f"RNoPE-SWA (RoPE window {WINDOW}, NoPE every 4th)")
+    ex.add_encoding(
+        "rope-window", f"RoPE, sliding window {WINDOW}", lambda c: LocalWindow(RotaryEmbedding(c.head_dim), WINDOW)
+    )
+    ex.add_layer_pattern(
+        "rnope-swa",
+        ("rope-window", "rope-window", "rope-window", "nope-causal"),
+        f"RNoPE-SWA (RoPE window {WINDOW}, NoPE every 4th)",
+    )
 
 
 def train_study(seeds=None, names=NAMES, tasks=None, threads: int = 1, device=None) -> tuple:
-    """Train ``names`` on ``tasks`` (default the three of :func:`study_tasks`) with ``seeds`` (default the config's five),
+    """Train ``names`` on ``tasks`` (default the three of :func:`study_tasks`) with ``seeds`` (default the config's
+    five),
     all side by side: ``(config, runs)``, one :class:`~posenc.lab.experiments.Run` per task, name and seed."""
     register()
     config = study_config() if seeds is None else replace(study_config(), seeds=tuple(seeds))
@@ -73,7 +81,7 @@ def train_study(seeds=None, names=NAMES, tasks=None, threads: int = 1, device=No
                 run.depth = {depth_key(n, d): depth_accuracy(run.model, marker, n, d, config) for n, d in DEPTHS}
         tasks_by_name = {task.name: task for task in study_tasks()}
         for start in range(0, len(runs), len(config.seeds)):  # one group of seeds per task and name
-            group = runs[start:start + len(config.seeds)]
+            group = runs[start : start + len(config.seeds)]
             if all(run.model is not None for run in group):
                 fresh = fresh_evaluation([run.model for run in group], tasks_by_name[group[0].task], config)
                 for run, result in zip(group, fresh):
@@ -153,8 +161,11 @@ def fresh_evaluation(models: list, task, config: ex.ExperimentConfig) -> list:
         pooled, per_sequence = sequence_accuracies(models, *batch, config)
         for index, result in enumerate(results):
             values = per_sequence[index][~per_sequence[index].isnan()]
-            result[key] = {"accuracy": pooled[index].item(), "sequence_sd": values.std().item(),
-                           "sequences": len(values)}
+            result[key] = {
+                "accuracy": pooled[index].item(),
+                "sequence_sd": values.std().item(),
+                "sequences": len(values),
+            }
     return results
 
 
@@ -178,8 +189,8 @@ def deep_marker_data(task: CopyAfterMarker, length: int, depth: int, config: ex.
     marker = task.marker(config.vocab_size)
     generator = torch.Generator().manual_seed(config.eval_seed + 1000 * length + depth + (FRESH_SEED if fresh else 0))
     ordinary = torch.randint(marker, inputs.shape, generator=generator)  # tokens 0 .. marker - 1
-    head = inputs[:, :depth + 2]
-    inputs[:, :depth + 2] = torch.where(head == marker, ordinary[:, :depth + 2], head)
+    head = inputs[:, : depth + 2]
+    inputs[:, : depth + 2] = torch.where(head == marker, ordinary[:, : depth + 2], head)
     inputs[:, depth] = marker
     sources = task.sources_of(inputs, config.vocab_size)
     mask = sources >= 0
@@ -205,14 +216,27 @@ def results_record(config: ex.ExperimentConfig, runs: list, **extra) -> dict:
     """The JSON record of a study: the config, the window, the names, the tasks and every run's final loss and
     accuracy per evaluation length (the marker task's runs also their ``depth`` accuracies), plus ``extra`` fields
     (machine, versions, time)."""
-    return {"config": {key: _plain(value) for key, value in asdict(config).items()}, "window": WINDOW,
-            "depths": [list(pair) for pair in DEPTHS],
-            "fresh": {"lengths": list(FRESH_LENGTHS), "sequences": FRESH_SEQUENCES, "seed_offset": FRESH_SEED},
-            "names": list(NAMES), "tasks": [task.name for task in study_tasks()],
-            "runs": [{"task": r.task, "encoding": r.encoding, "seed": r.seed, "final_loss": r.losses[-1],
-                      "accuracy": {str(n): a for n, a in r.accuracy.items()},
-                      **({"depth": dict(r.depth)} if getattr(r, "depth", None) else {}),
-                      **({"fresh": dict(r.fresh)} if getattr(r, "fresh", None) else {})} for r in runs], **extra}
+    return {
+        "config": {key: _plain(value) for key, value in asdict(config).items()},
+        "window": WINDOW,
+        "depths": [list(pair) for pair in DEPTHS],
+        "fresh": {"lengths": list(FRESH_LENGTHS), "sequences": FRESH_SEQUENCES, "seed_offset": FRESH_SEED},
+        "names": list(NAMES),
+        "tasks": [task.name for task in study_tasks()],
+        "runs": [
+            {
+                "task": r.task,
+                "encoding": r.encoding,
+                "seed": r.seed,
+                "final_loss": r.losses[-1],
+                "accuracy": {str(n): a for n, a in r.accuracy.items()},
+                **({"depth": dict(r.depth)} if getattr(r, "depth", None) else {}),
+                **({"fresh": dict(r.fresh)} if getattr(r, "fresh", None) else {}),
+            }
+            for r in runs
+        ],
+        **extra,
+    }
 
 
 def machine(threads: int = 1) -> dict:
@@ -228,8 +252,7 @@ def same_platform(record: dict, threads: int = 1) -> bool:
         raise TypeError(f"record must be the study's dict (load_results()[0]), got {type(record).__name__}")
     import torch
 
-    return (record.get("machine") == machine(threads)
-            and record.get("versions", {}).get("torch") == torch.__version__)
+    return record.get("machine") == machine(threads) and record.get("versions", {}).get("torch") == torch.__version__
 
 
 def load_results(path=None) -> tuple:
@@ -237,13 +260,14 @@ def load_results(path=None) -> tuple:
     :class:`~posenc.lab.experiments.Run` without models. Raises FileNotFoundError saying how to make the file, and
     ValueError naming the field that disagrees with this module (config, window, names, tasks) or is missing or out of
     range (every task x name x seed present once, accuracies in [0, 1] at every evaluation length)."""
-    path, record = read_json(RESULTS_FILE.name, path, "study result",
-                             "`make todays-models` remakes it (a few minutes)")
+    path, record = read_json(RESULTS_FILE.name, path, "study result", "`make todays-models` remakes it (a few minutes)")
     expected = results_record(study_config(), [])
     for key in ("config", "window", "depths", "fresh", "names", "tasks"):
         if record.get(key) != expected[key]:
-            raise ValueError(f"{path.name}: field {key!r} is {record.get(key)!r}, the code says {expected[key]!r}: "
-                             "remake the file with `make todays-models`")
+            raise ValueError(
+                f"{path.name}: field {key!r} is {record.get(key)!r}, the code says {expected[key]!r}: "
+                "remake the file with `make todays-models`"
+            )
     config = study_config()
     lengths = [str(n) for n in config.eval_lengths]
     runs, seen = [], set()
@@ -256,8 +280,9 @@ def load_results(path=None) -> tuple:
         for n in lengths:
             value = accuracy.get(n)
             if isinstance(value, bool) or not isinstance(value, (int, float)) or not 0 <= value <= 1:
-                raise ValueError(f"{path.name}: runs[{index}].accuracy[{n!r}] must be a number in [0, 1], "
-                                 f"got {value!r}")
+                raise ValueError(
+                    f"{path.name}: runs[{index}].accuracy[{n!r}] must be a number in [0, 1], got {value!r}"
+                )
         loss = entry.get("final_loss")
         if isinstance(loss, bool) or not isinstance(loss, (int, float)) or not math.isfinite(loss):
             raise ValueError(f"{path.name}: runs[{index}].final_loss must be a finite number, got {loss!r}")
@@ -267,29 +292,59 @@ def load_results(path=None) -> tuple:
             for name in (depth_key(n, d) for n, d in DEPTHS):
                 value = depth.get(name)
                 if isinstance(value, bool) or not isinstance(value, (int, float)) or not 0 <= value <= 1:
-                    raise ValueError(f"{path.name}: runs[{index}].depth[{name!r}] must be a number in [0, 1], "
-                                     f"got {value!r}")
+                    raise ValueError(
+                        f"{path.name}: runs[{index}].depth[{name!r}] must be a number in [0, 1], got {value!r}"
+                    )
             run.depth = {name: depth[name] for name in (depth_key(n, d) for n, d in DEPTHS)}
-        fresh_keys = [str(n) for n in FRESH_LENGTHS] + ([depth_key(n, d) for n, d in DEPTHS]
-                                                        if key[0] == expected["tasks"][2] else [])
+        fresh_keys = [str(n) for n in FRESH_LENGTHS] + (
+            [depth_key(n, d) for n, d in DEPTHS] if key[0] == expected["tasks"][2] else []
+        )
         fresh = entry.get("fresh", {})
         for name in fresh_keys:
             value = fresh.get(name, {})
             numbers = [value.get(field) for field in ("accuracy", "sequence_sd")] if isinstance(value, dict) else [None]
             if any(isinstance(x, bool) or not isinstance(x, (int, float)) or not 0 <= x <= 1 for x in numbers) or (
-                    value.get("sequences") != FRESH_SEQUENCES):
-                raise ValueError(f"{path.name}: runs[{index}].fresh[{name!r}] must hold accuracy and sequence_sd in "
-                                 f"[0, 1] over {FRESH_SEQUENCES} sequences, got {value!r}")
+                value.get("sequences") != FRESH_SEQUENCES
+            ):
+                raise ValueError(
+                    f"{path.name}: runs[{index}].fresh[{name!r}] must hold accuracy and sequence_sd in "
+                    f"[0, 1] over {FRESH_SEQUENCES} sequences, got {value!r}"
+                )
         run.fresh = {name: dict(fresh[name]) for name in fresh_keys}
         runs.append(run)
     wanted = {(task, name, seed) for task in expected["tasks"] for name in NAMES for seed in config.seeds}
     if seen != wanted:
         missing = sorted(wanted - seen, key=str)[:3]
-        raise ValueError(f"{path.name}: runs must hold every task x name x seed once; missing e.g. {missing}, "
-                         f"{len(seen - wanted)} unexpected")
+        raise ValueError(
+            f"{path.name}: runs must hold every task x name x seed once; missing e.g. {missing}, "
+            f"{len(seen - wanted)} unexpected"
+        )
     return record, runs
 
 
-__all__ = ["N_LAYERS", "DEPTHS", "FRESH_LENGTHS", "FRESH_SEQUENCES", "FRESH_SEED", "fresh_data", "sequence_accuracies",
-           "fresh_evaluation", "evaluation_batch", "fresh_view", "deep_marker_data", "depth_accuracy", "depth_key", "WINDOW", "NAMES", "RESULTS_FILE", "study_config", "study_tasks", "register", "train_study",
-           "results_record", "machine", "same_platform", "load_results"]
+__all__ = [
+    "N_LAYERS",
+    "DEPTHS",
+    "FRESH_LENGTHS",
+    "FRESH_SEQUENCES",
+    "FRESH_SEED",
+    "fresh_data",
+    "sequence_accuracies",
+    "fresh_evaluation",
+    "evaluation_batch",
+    "fresh_view",
+    "deep_marker_data",
+    "depth_accuracy",
+    "depth_key",
+    "WINDOW",
+    "NAMES",
+    "RESULTS_FILE",
+    "study_config",
+    "study_tasks",
+    "register",
+    "train_study",
+    "results_record",
+    "machine",
+    "same_platform",
+    "load_results",
+]

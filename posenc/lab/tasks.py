@@ -12,6 +12,7 @@ Both can be solved causally (the source is never after ``i``), so decoders and e
 Tokens are i.i.d. uniform over ``0 .. vocab_size - 1``; :meth:`CopyTask.sample` returns ``(inputs, targets,
 mask)`` of shape ``(B, L)``, with ``targets = IGNORE_INDEX`` where ``mask`` is False.
 """
+
 from __future__ import annotations
 
 import torch
@@ -146,8 +147,13 @@ class CopyAfterMarker(CopyTask):
         if not isinstance(generator, torch.Generator) or generator.device.type != "cpu":
             raise TypeError(f"generator must be a CPU torch.Generator, got {generator!r}")
         inputs = torch.randint(vocab_size - 1, (batch_size, length), generator=generator)
-        counts = torch.binomial(torch.full((batch_size,), float(length - 1)), torch.full((batch_size,), self.rate),
-                                generator=generator).long().clamp(self.k, length // 2)
+        counts = (
+            torch.binomial(
+                torch.full((batch_size,), float(length - 1)), torch.full((batch_size,), self.rate), generator=generator
+            )
+            .long()
+            .clamp(self.k, length // 2)
+        )
         for row, n in enumerate(counts.tolist()):
             # n of the L - n slots, spread apart by 0, 1, .., n - 1: non-adjacent positions in 0 .. L - 2, uniformly
             slots = torch.randperm(length - n, generator=generator)[:n].sort().values
@@ -159,8 +165,9 @@ class CopyAfterMarker(CopyTask):
         return inputs, targets, mask
 
 
-def position_blind_accuracy(task: CopyTask, inputs: torch.Tensor, vocab_size: int, causal: bool = False,
-                            per_position: bool = False):
+def position_blind_accuracy(
+    task: CopyTask, inputs: torch.Tensor, vocab_size: int, causal: bool = False, per_position: bool = False
+):
     """The best expected accuracy of a predictor that sees only its own token and a *multiset* of tokens.
 
     ``causal=False``: the multiset of the whole sequence, which is all a bidirectional transformer without

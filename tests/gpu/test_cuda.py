@@ -2,14 +2,14 @@
 bit, a tensor over 2**31 elements, capture in a CUDA graph and under ``torch.compile(mode="reduce-overhead")``,
 and ``use_posenc_rope`` generating with a tiny random Llama. Skipped where no CUDA device is present (``make
 test-gpu`` then says so in one line and does not run pytest)."""
+
 import pytest
 import torch
 
 import posenc
 from posenc.rope import _rotation_formula
 
-pytestmark = [pytest.mark.gpu,
-              pytest.mark.skipif(not torch.cuda.is_available(), reason="no CUDA device")]
+pytestmark = [pytest.mark.gpu, pytest.mark.skipif(not torch.cuda.is_available(), reason="no CUDA device")]
 DEVICE = "cuda"
 
 
@@ -46,8 +46,9 @@ def test_gradients_on_the_device_equal_the_formula():
     grad_q, grad_k = torch.randn_like(q), torch.randn_like(k)
     q_rot, k_rot = posenc.apply_rope_qk(q, k, cos, sin)
     ours = torch.autograd.grad((q_rot, k_rot), (q, k), (grad_q, grad_k))
-    reference = torch.autograd.grad((_rotation_formula(q, cos, sin, "half"), _rotation_formula(k, cos, sin, "half")),
-                                    (q, k), (grad_q, grad_k))
+    reference = torch.autograd.grad(
+        (_rotation_formula(q, cos, sin, "half"), _rotation_formula(k, cos, sin, "half")), (q, k), (grad_q, grad_k)
+    )
     assert torch.equal(ours[0], reference[0]) and torch.equal(ours[1], reference[1])
 
 
@@ -70,9 +71,17 @@ def test_a_tensor_over_two_to_the_31_elements():
 
 
 def test_apply_rope_qk_and_the_module_in_a_cuda_graph():
-    module = posenc.RotaryEmbedding(128, {"rope_type": "llama3", "factor": 8.0, "low_freq_factor": 1.0,
-                                          "high_freq_factor": 4.0, "original_max_position_embeddings": 8192,
-                                          "rope_theta": 500000.0}).to(DEVICE)
+    module = posenc.RotaryEmbedding(
+        128,
+        {
+            "rope_type": "llama3",
+            "factor": 8.0,
+            "low_freq_factor": 1.0,
+            "high_freq_factor": 4.0,
+            "original_max_position_embeddings": 8192,
+            "rope_theta": 500000.0,
+        },
+    ).to(DEVICE)
     q = torch.randn(8, 32, 1, 128, device=DEVICE, dtype=torch.bfloat16)
     k = torch.randn(8, 8, 1, 128, device=DEVICE, dtype=torch.bfloat16)
     positions = torch.randint(0, 4000, (8, 1), device=DEVICE)
@@ -115,8 +124,15 @@ def test_reduce_overhead_compile_of_the_module():
 
 def test_use_posenc_rope_generates_on_cuda():
     transformers = pytest.importorskip("transformers")
-    config = transformers.LlamaConfig(vocab_size=128, hidden_size=64, intermediate_size=128, num_hidden_layers=2,
-                                      num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=256)
+    config = transformers.LlamaConfig(
+        vocab_size=128,
+        hidden_size=64,
+        intermediate_size=128,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        max_position_embeddings=256,
+    )
     torch.manual_seed(0)
     model = transformers.LlamaForCausalLM(config).to(DEVICE).eval()
     prompt = torch.randint(0, 128, (2, 9), device=DEVICE)
