@@ -69,7 +69,7 @@ def test_beyond_axioms_data_matches_the_code():
     """The committed file was made with the configuration, encodings and task the tool defines today."""
     import dataclasses
 
-    from book.tools import beyond_axioms as tool
+    from posenc.lab import beyond_axioms as tool
     from posenc.lab import experiments as ex
     from posenc.lab import tasks
 
@@ -108,7 +108,7 @@ def test_beyond_axioms_data_matches_the_code():
 def test_beyond_axioms_budget_check_matches_the_code():
     """The budget check (3x the steps on three seeds, every encoding and ALiBi's fixed slopes) and ALiBi's fixed
     slopes at the chapter's budget: the configuration, names and shapes the tool defines today."""
-    from book.tools import beyond_axioms as tool
+    from posenc.lab import beyond_axioms as tool
     from posenc.lab import experiments as ex
 
     record = _beyond_axioms_record()
@@ -134,7 +134,7 @@ def test_beyond_axioms_budget_check_matches_the_code():
 
 
 def test_beyond_axioms_tool_runs_a_tiny_plan():
-    from book.tools import beyond_axioms as tool
+    from posenc.lab import beyond_axioms as tool
 
     config = tool.chapter_config(steps=2, seeds=(0,), eval_tokens=64, eval_batch_size=8)
     result = tool.run(["nope-causal", "fox"], config, progress=lambda pair: None)

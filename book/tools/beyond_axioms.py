@@ -1,30 +1,6 @@
-"""Chapter 14's trained comparison: every encoding of chapter 11 and the three data-dependent ones on a counting task.
+"""``make beyond-axioms``: chapter 14's study (:mod:`posenc.lab.beyond_axioms`), written to its committed file.
 
-The task is :class:`posenc.lab.tasks.CopyAfterMarker` (copy the token after the ``k``-th marker). Every encoding of
-:data:`posenc.lab.experiments.ENCODINGS` (chapter 11's) and of :data:`~posenc.lab.experiments.BEYOND_ENCODINGS`
-(CoPE, FoX, PaTH) is trained with chapter 11's budget and seeds (:class:`~posenc.lab.experiments.ExperimentConfig`
-defaults, evaluated at 1, 2 and 4 times the training length), all side by side in one ensemble, then evaluated
-
-* on the training distribution (marker rate ``--rate``) at every evaluation length, and
-* on sparser markers (``--sparse-rate``): the ``k``-th marker then sits further from the start, often beyond the
-  training length, at positions no training sequence had it.
-
-It also records the one-layer position-blind bound (:func:`posenc.lab.tasks.position_blind_accuracy`, causal) on
-each evaluation batch, and runs the whole comparison a second time on ``CopyAfterMarker(k=1)`` (same encodings,
-budget, seeds and marker rates) as the control: k = 1 needs no counting, only the copy and its length
-generalisation, so the drop from k = 1 to k = 2 is what counting costs. The result is a JSON file with the
-configuration, the per-seed accuracies and the final losses (k = 2 at the top level, the k = 1 control under
-``"k1"``); chapter 14 reads it and retrains one seed of a few encodings live as a spot check.
-
-Two checks sit beside the comparison, under ``"budget"``:
-
-* the **budget check**: every encoding again on k = 2 with three times the steps (``BUDGET_STEPS``) on three of
-  the seeds (``BUDGET_SEEDS``), so that a failure at 200 steps is not read as what an encoding cannot do;
-* ALiBi at **fixed slopes** (``ALIBI_SLOPES``, one steep head per offset scale) besides the standard schedule
-  ``2^(-8h/n)``, whose steepest head at 4 heads (slope 1/4) spreads its weight over several offsets: at the
-  chapter's budget (k = 2 and the k = 1 control, every seed) and in the budget check.
-
-Usage (what ``make beyond-axioms`` runs; ``--budget-only`` remakes only ``"budget"`` in an existing file)::
+Usage (``--budget-only`` remakes only ``"budget"`` in an existing file)::
 
     nice -n 10 python -m book.tools.beyond_axioms --output posenc/lab/data/beyond_axioms.json
 """
@@ -32,139 +8,16 @@ Usage (what ``make beyond-axioms`` runs; ``--budget-only`` remakes only ``"budge
 from __future__ import annotations
 
 import argparse
-import dataclasses
 import json
-import os
-import platform
 import time
 from pathlib import Path
 
-import torch
-
-ROOT = Path(__file__).resolve().parents[2]
-K, RATE, SPARSE_RATE = 2, 0.25, 0.1
-LENGTH_FACTORS = (1, 2, 4)
-BUDGET_STEPS, BUDGET_SEEDS = 600, (1, 2, 4)
-ALIBI_SLOPES = (4.0, 2.0, 1.0, 0.5)
-ALIBI_SLOPES_NAME = "alibi-slopes"
-
-
-def chapter_config(**changes):
-    """Chapter 11's configuration, evaluated at 1, 2 and 4 times the training length (and ``changes``)."""
-    from posenc.lab import experiments as ex
-
-    return dataclasses.replace(ex.ExperimentConfig(), length_factors=LENGTH_FACTORS, **changes)
-
-
-def encoding_names() -> list:
-    """Chapter 11's encodings, then CoPE, FoX and PaTH (not ALiBi's fixed slopes, which only the checks train)."""
-    from posenc.lab import experiments as ex
-
-    return [name for name in ex.ENCODINGS if name != ALIBI_SLOPES_NAME] + list(ex.BEYOND_ENCODINGS)
-
-
-def register_alibi_slopes() -> str:
-    """Register ALiBi with the fixed slopes ``ALIBI_SLOPES`` (one per head) as the encoding ``ALIBI_SLOPES_NAME``
-    (:func:`posenc.lab.experiments.add_encoding`); returns the name."""
-    from posenc.alibi import ALiBi
-    from posenc.lab import experiments as ex
-
-    def factory(config):
-        if config.n_heads != len(ALIBI_SLOPES):
-            raise ValueError(f"ALIBI_SLOPES has {len(ALIBI_SLOPES)} slopes, the model {config.n_heads} heads")
-        alibi = ALiBi(config.n_heads, causal=True)
-        alibi.slopes.copy_(torch.tensor(ALIBI_SLOPES))
-        return alibi
-
-    label = "ALiBi, slopes (" + ", ".join(f"{s:g}" for s in ALIBI_SLOPES) + ")"
-    return ex.add_encoding(ALIBI_SLOPES_NAME, label, factory)
-
-
-def budget_check(names, progress=print) -> dict:
-    """The two checks of the module docstring: ``{"steps", "seeds", "names", "labels", "alibi_slopes",
-    "alibi_slopes_name", "k2": run(...) of ALiBi's fixed slopes at the chapter's budget, "k1": the same on k = 1,
-    "longer": run(...) of ``names`` and ALiBi's fixed slopes at BUDGET_STEPS on BUDGET_SEEDS (k = 2)}``."""
-    from posenc.lab import experiments as ex
-
-    alibi = register_alibi_slopes()
-    longer_names = list(names) + [alibi]
-    longer = run(longer_names, chapter_config(steps=BUDGET_STEPS, seeds=BUDGET_SEEDS), progress=progress)
-    return {
-        "steps": BUDGET_STEPS,
-        "seeds": list(BUDGET_SEEDS),
-        "names": longer_names,
-        "labels": {name: ex.encoding_label(name) for name in longer_names},
-        "alibi_slopes": list(ALIBI_SLOPES),
-        "alibi_slopes_name": alibi,
-        "k2": run([alibi], chapter_config(), progress=progress),
-        "k1": run([alibi], chapter_config(), k=1, progress=progress),
-        "longer": longer,
-        "machine": machine(),
-    }
-
-
-def machine() -> dict:
-    return {
-        "platform": platform.platform(),
-        "cores": os.cpu_count(),
-        "versions": {"python": platform.python_version(), "torch": torch.__version__},
-    }
-
-
-def run(names, config, k: int = K, rate: float = RATE, sparse_rate: float = SPARSE_RATE, progress=print) -> dict:
-    """Train ``names`` with every seed of ``config`` on ``CopyAfterMarker(k, rate)`` and evaluate: a JSON-ready dict
-    ``{"accuracy": {name: {length: [per seed]}}, "sparse": {...}, "sparse_last": {...}, "sparse_not_last": {...},
-    "final_loss": {name: [per seed]}, "ceiling": {length: ...}, "sparse_ceiling": {length: ...}}``; "sparse_last"
-    ("sparse_not_last") is the sparse accuracy on the sequences whose ``k``-th marker is (is not) their last."""
-    from posenc.lab import experiments as ex
-    from posenc.lab import tasks
-
-    task, sparse = tasks.CopyAfterMarker(k, rate), tasks.CopyAfterMarker(k, sparse_rate)
-    start = time.perf_counter()
-    with ex.threads(1):
-        runs = ex.run_plan([(task, name) for name in names], config, progress=progress)
-        models = [r.model for r in runs]
-        ensemble = ex.Ensemble.from_models(models, config)
-        sparse_accuracy = {n: ex.evaluate_ensemble(ensemble, sparse, n, config)[0] for n in config.eval_lengths}
-    seeds = len(config.seeds)
-    result = {"accuracy": {}, "sparse": {}, "final_loss": {}}
-    for g, name in enumerate(names):
-        group = runs[g * seeds : (g + 1) * seeds]
-        result["accuracy"][name] = {str(n): [r.accuracy[n] for r in group] for n in config.eval_lengths}
-        result["sparse"][name] = {
-            str(n): sparse_accuracy[n][g * seeds : (g + 1) * seeds].tolist() for n in config.eval_lengths
-        }
-        result["final_loss"][name] = [r.losses[-1] for r in group]
-    # the sparse evaluation split by whether the k-th marker is also the last one (FoX's "forget before a marker")
-    result["sparse_last"], result["sparse_not_last"] = {}, {}
-    with ex.threads(1), torch.no_grad():
-        for n in config.eval_lengths:
-            inputs, targets, mask = ex.evaluation_data(sparse, n, config)
-            last = (inputs == config.vocab_size - 1).sum(-1).eq(k)[:, None] & mask
-            subsets = (("sparse_last", last), ("sparse_not_last", mask & ~last))
-            for g, name in enumerate(names):
-                for key, _ in subsets:
-                    result[key].setdefault(name, {})[str(n)] = []
-                for r in runs[g * seeds : (g + 1) * seeds]:
-                    r.model.eval()
-                    right = r.model(inputs).argmax(-1) == targets  # one forward pass serves both subsets
-                    for key, subset in subsets:
-                        correct = right & subset
-                        result[key][name][str(n)].append(correct.sum().item() / max(subset.sum().item(), 1))
-    for key, each in (("ceiling", task), ("sparse_ceiling", sparse)):
-        result[key] = {
-            str(n): tasks.position_blind_accuracy(
-                each, ex.evaluation_data(each, n, config)[0], config.vocab_size, causal=True
-            )
-            for n in config.eval_lengths
-        }
-    result["seconds"] = time.perf_counter() - start
-    return result
+from posenc.lab import beyond_axioms as study
 
 
 def main(argv=None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--output", default=str(ROOT / "posenc" / "lab" / "data" / "beyond_axioms.json"))
+    parser.add_argument("--output", default=str(study.RESULTS_FILE))
     parser.add_argument("--names", default=None, help="comma-separated encoding names (default: all)")
     parser.add_argument("--seeds", default=None, help="comma-separated seeds (default: chapter 11's five)")
     parser.add_argument(
@@ -173,9 +26,11 @@ def main(argv=None) -> int:
         help='remake only the budget check and ALiBi\'s fixed slopes ("budget") in --output',
     )
     args = parser.parse_args(argv)
-    names = args.names.split(",") if args.names else encoding_names()
+    names = args.names.split(",") if args.names else study.encoding_names()
     config = (
-        chapter_config() if args.seeds is None else chapter_config(seeds=tuple(int(s) for s in args.seeds.split(",")))
+        study.chapter_config()
+        if args.seeds is None
+        else study.chapter_config(seeds=tuple(int(s) for s in args.seeds.split(",")))
     )
 
     from posenc.lab import experiments as ex
@@ -190,28 +45,19 @@ def main(argv=None) -> int:
     if args.budget_only:
         record = json.loads(Path(args.output).read_text())
         start = time.perf_counter()
-        record["budget"] = budget_check(record["names"], progress=progress)
+        record["budget"] = study.budget_check(record["names"], progress=progress)
         Path(args.output).write_text(json.dumps(record, indent=1) + "\n")
         print(f"wrote the budget check into {args.output} ({time.perf_counter() - start:.0f} s)")
         return 0
-    result = run(names, config, progress=progress)
+    result = study.run(names, config, progress=progress)
     print("k = 1 control", flush=True)
-    control = run(names, config, k=1, progress=progress)
-    print(f"budget check: {BUDGET_STEPS} steps, seeds {BUDGET_SEEDS}; ALiBi at slopes {ALIBI_SLOPES}", flush=True)
-    budget = budget_check(names, progress=progress)
-    record = {
-        "task": {"name": "CopyAfterMarker", "k": K, "rate": RATE, "sparse_rate": SPARSE_RATE},
-        "config": {
-            key: list(value) if isinstance(value, tuple) else value for key, value in dataclasses.asdict(config).items()
-        },
-        "names": names,
-        "labels": {name: ex.encoding_label(name) for name in names},
-        **result,
-        "k1": control,
-        "budget": budget,
-        "machine": {"platform": platform.platform(), "cores": os.cpu_count()},
-        "versions": {"python": platform.python_version(), "torch": torch.__version__},
-    }
+    control = study.run(names, config, k=1, progress=progress)
+    print(
+        f"budget check: {study.BUDGET_STEPS} steps, seeds {study.BUDGET_SEEDS}; ALiBi at slopes {study.ALIBI_SLOPES}",
+        flush=True,
+    )
+    budget = study.budget_check(names, progress=progress)
+    record = study.record(names, config, result, control, budget)
     Path(args.output).write_text(json.dumps(record, indent=1) + "\n")
     print(f"wrote {args.output} ({result['seconds']:.0f} s for k = 2, {control['seconds']:.0f} s for k = 1)")
     return 0

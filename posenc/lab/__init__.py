@@ -9,6 +9,7 @@
   here);
 * :mod:`posenc.lab.geometry`: positional distributions, Hellinger distances, classical MDS, stress;
 * :mod:`posenc.lab.hybrid_study`: chapter 13's trained comparison of layer patterns (not imported here);
+* :mod:`posenc.lab.beyond_axioms`: chapter 14's trained comparison on the counting task (not imported here);
 * :mod:`posenc.lab.results`: the committed results of the make targets (``posenc/lab/data/``) and how they are read.
 
 ``import posenc`` does not import it; ``posenc.lab`` (or ``from posenc.lab import <module>``) does.
