@@ -70,10 +70,25 @@ class ALiBi(PositionalEncoding):
     kind = "logits"
     _fixed_dtype_buffers = ("slopes",)
 
-    def __init__(self, n_heads: int, causal: bool = True):
+    def __init__(self, n_heads: int, causal: bool = True, slopes=None):
+        """``slopes``: one positive slope per head (a sequence or a ``(n_heads,)`` tensor) in place of the standard
+        schedule :func:`alibi_slopes`, which is tuned for many heads and long contexts (a few heads get only gentle
+        slopes, the steepest 1/4 for 4 heads)."""
         super().__init__()
         self.causal = causal
-        self.register_buffer("slopes", alibi_slopes(n_heads), persistent=False)
+        if slopes is None:
+            slopes = alibi_slopes(require_int("n_heads", n_heads, minimum=1))
+        else:
+            require_int("n_heads", n_heads, minimum=1)
+            try:
+                slopes = torch.as_tensor(slopes, dtype=torch.float32).detach().clone()
+            except (TypeError, ValueError, RuntimeError) as error:
+                raise TypeError(f"slopes must be a sequence of numbers, got {slopes!r}") from error
+            if slopes.shape != (n_heads,):
+                raise ValueError(f"slopes must have shape (n_heads,) = ({n_heads},), got {tuple(slopes.shape)}")
+            if not bool(torch.isfinite(slopes).all() and (slopes > 0).all()):
+                raise ValueError(f"slopes must be positive and finite, got {slopes.tolist()}")
+        self.register_buffer("slopes", slopes, persistent=False)
 
     def logit_bias(self, q_positions, k_positions):
         return alibi_bias_at(q_positions, k_positions, self.slopes, self.causal)

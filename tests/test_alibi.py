@@ -3,6 +3,7 @@ import pytest
 import torch
 
 import posenc
+from posenc.alibi import alibi_bias_at
 
 
 @pytest.mark.parametrize("n_heads", list(range(1, 41)) + [64, 96, 128])
@@ -56,3 +57,28 @@ def test_bad_input():
         posenc.alibi_bias(3)
     with pytest.raises(ValueError, match="slopes"):
         posenc.alibi_bias(3, slopes=torch.ones(2, 2))
+
+
+def test_chosen_slopes_replace_the_schedule():
+    positions = torch.arange(6)
+    steep = posenc.ALiBi(4, slopes=(4, 2, 1, 0.5))
+    # exact: the same float32 slopes times the same integer distances
+    assert torch.equal(steep.logit_bias(positions, positions),
+                       alibi_bias_at(positions, positions, torch.tensor([4.0, 2.0, 1.0, 0.5])))
+    assert torch.equal(posenc.ALiBi(4).slopes, posenc.alibi_slopes(4))  # the default: the standard schedule
+    # the steepest standard head (1/4) spreads a query's weight over many offsets; slope 4 puts 98 % on offset 0
+    offsets = torch.arange(16.0)
+    assert torch.softmax(-0.25 * offsets, 0)[0] < 0.25 < 0.98 < torch.softmax(-4 * offsets, 0)[0]
+
+
+def test_bad_slopes():
+    with pytest.raises(ValueError, match="slopes"):
+        posenc.ALiBi(4, slopes=(1.0, 0.5))
+    with pytest.raises(ValueError, match="slopes"):
+        posenc.ALiBi(2, slopes=(1.0, 0.0))
+    with pytest.raises(ValueError, match="slopes"):
+        posenc.ALiBi(2, slopes=(1.0, float("nan")))
+    with pytest.raises(TypeError, match="slopes"):
+        posenc.ALiBi(2, slopes="steep")
+    with pytest.raises(TypeError, match="n_heads"):
+        posenc.ALiBi(2.0, slopes=(1.0, 0.5))

@@ -440,3 +440,14 @@ def test_local_rope_layers_and_a_global_nope_layer_stack_as_alone(_pattern_names
     assert (weights[3][:2][..., far] > 0).all()  # the global NoPE layer sees every earlier key
     assert (weights[0][2:][..., far] > 0).all()  # the plain hybrid's RoPE layers are global
     assert torch.allclose(weights[0], torch.stack([a[1][0] for a in alone]), atol=1e-5)
+
+
+def test_alibi_slopes_stack_apart_and_as_alone(_pattern_names):
+    _pattern_names.append(add_encoding("alibi-steep-test", "ALiBi, slopes 4, 2, ...",
+                                       lambda c: posenc.ALiBi(c.n_heads, slopes=[4.0 / 2**h for h in range(c.n_heads)])))
+    ensemble, _ = train(CopyBack(1), ["alibi", "alibi-steep-test"], replace(TINY, steps=5))
+    assert len(ensemble.groups) == 2  # other slopes: never one shared bias
+    assert torch.equal(ensemble.groups[1][2].slopes, torch.tensor([4.0, 2.0]))
+    tokens = torch.randint(TINY.vocab_size, (4, 2, 12), generator=torch.Generator().manual_seed(2))
+    alone = torch.stack([m(tokens[i]) for i, m in enumerate(ensemble.trained_models())])
+    assert torch.allclose(ensemble.logits(tokens), alone, atol=1e-5)  # float32: fused attention, another order
