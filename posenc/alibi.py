@@ -2,6 +2,7 @@
 
 ``logit[h, i, j] += -m_h * (i - j)`` (causal) or ``-m_h * |i - j|`` (symmetric).
 """
+
 from __future__ import annotations
 
 import math
@@ -33,8 +34,15 @@ def alibi_slopes(n_heads: int, device=None) -> torch.Tensor:
     return slopes
 
 
-def alibi_bias(query_length: int, key_length: int | None = None, slopes=None, n_heads: int | None = None,
-               causal: bool = True, offset: int = 0, device=None) -> torch.Tensor:
+def alibi_bias(
+    query_length: int,
+    key_length: int | None = None,
+    slopes=None,
+    n_heads: int | None = None,
+    causal: bool = True,
+    offset: int = 0,
+    device=None,
+) -> torch.Tensor:
     """Bias to add to the logits: shape ``(H, query_length, key_length)``, float32.
 
     Query ``i`` sits at position ``offset + i`` (``offset`` = tokens already cached), key ``j`` at ``j``.
@@ -50,12 +58,14 @@ def alibi_bias(query_length: int, key_length: int | None = None, slopes=None, n_
     elif not isinstance(slopes, torch.Tensor) or slopes.ndim != 1:
         raise ValueError(f"slopes must be a 1-D tensor of shape (H,), got {slopes!r}")
     device = slopes.device
-    return alibi_bias_at(torch.arange(query_length, device=device) + offset, torch.arange(key_length, device=device),
-                         slopes, causal)
+    return alibi_bias_at(
+        torch.arange(query_length, device=device) + offset, torch.arange(key_length, device=device), slopes, causal
+    )
 
 
-def alibi_bias_at(q_positions: torch.Tensor, k_positions: torch.Tensor, slopes: torch.Tensor,
-                  causal: bool = True) -> torch.Tensor:
+def alibi_bias_at(
+    q_positions: torch.Tensor, k_positions: torch.Tensor, slopes: torch.Tensor, causal: bool = True
+) -> torch.Tensor:
     """The ALiBi bias for queries at ``q_positions`` and keys at ``k_positions`` (``(L,)`` or ``(B, L)`` each):
     ``-m_h (i - j)`` (or ``-m_h |i - j|``), float32, ``(H, Lq, Lk)`` or ``(B, H, Lq, Lk)``."""
     distance = (q_positions[..., :, None] - k_positions[..., None, :]).to(torch.float32)

@@ -1,4 +1,5 @@
 """ALiBi: slopes and biases against BLOOM's build_alibi_tensor, and errors."""
+
 import pytest
 import torch
 
@@ -63,8 +64,9 @@ def test_chosen_slopes_replace_the_schedule():
     positions = torch.arange(6)
     steep = posenc.ALiBi(4, slopes=(4, 2, 1, 0.5))
     # exact: the same float32 slopes times the same integer distances
-    assert torch.equal(steep.logit_bias(positions, positions),
-                       alibi_bias_at(positions, positions, torch.tensor([4.0, 2.0, 1.0, 0.5])))
+    assert torch.equal(
+        steep.logit_bias(positions, positions), alibi_bias_at(positions, positions, torch.tensor([4.0, 2.0, 1.0, 0.5]))
+    )
     assert torch.equal(posenc.ALiBi(4).slopes, posenc.alibi_slopes(4))  # the default: the standard schedule
     # the steepest standard head (1/4) spreads a query's weight over many offsets; slope 4 puts 98 % on offset 0
     offsets = torch.arange(16.0)

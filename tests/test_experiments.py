@@ -1,4 +1,5 @@
 """posenc.lab.tasks and posenc.lab.experiments: task generators, the tiny transformer, training and its determinism."""
+
 import copy
 import itertools
 from dataclasses import replace
@@ -9,19 +10,50 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 import posenc
-from posenc.lab import experiments
-from posenc.lab.experiments import (ENCODINGS, Ensemble, ExperimentConfig, TinyTransformer, accuracies,
-                                    accuracy_spread, add_encoding, add_layer_pattern, build_model, encoding_label,
-                                    evaluate, evaluate_ensemble, fine_tune, jordan_frequencies,
-                                    jordan_rotation_generator, results_table, run_encoding, run_experiments,
-                                    run_plan, threads, train, with_rope)
 from posenc.generators import jordan_generator
+from posenc.lab import experiments
+from posenc.lab.experiments import (
+    ENCODINGS,
+    Ensemble,
+    ExperimentConfig,
+    TinyTransformer,
+    accuracies,
+    accuracy_spread,
+    add_encoding,
+    add_layer_pattern,
+    build_model,
+    encoding_label,
+    evaluate,
+    evaluate_ensemble,
+    fine_tune,
+    jordan_frequencies,
+    jordan_rotation_generator,
+    results_table,
+    run_encoding,
+    run_experiments,
+    run_plan,
+    threads,
+    train,
+    with_rope,
+)
 from posenc.lab.tasks import IGNORE_INDEX, CopyBack, FetchPosition, position_blind_accuracy
 from posenc.layer_patterns import LayerEncodings, nope_every
 
-TINY = ExperimentConfig(vocab_size=8, train_length=8, length_factors=(1, 2, 4), d_model=16, n_heads=2, n_layers=1,
-                        d_mlp=32, steps=40, batch_size=16, learning_rate=1e-2, warmup_steps=5, eval_batch_size=32,
-                        seeds=(0, 1))
+TINY = ExperimentConfig(
+    vocab_size=8,
+    train_length=8,
+    length_factors=(1, 2, 4),
+    d_model=16,
+    n_heads=2,
+    n_layers=1,
+    d_mlp=32,
+    steps=40,
+    batch_size=16,
+    learning_rate=1e-2,
+    warmup_steps=5,
+    eval_batch_size=32,
+    seeds=(0, 1),
+)
 
 
 @pytest.fixture(autouse=True, scope="module")
@@ -256,8 +288,9 @@ def test_evaluation_and_table_agree():
     cell = f"{100 * mean:5.1f} ({100 * low:.0f}-{100 * high:.0f})"
     assert cell in table
     assert table.count("\n") == 2  # header, rule, one row
-    html = results_table(runs, TINY, baselines={"fetch position 1": {"bound <x>": {8: 0.5, 16: 0.25, 32: 0.125}}},
-                         html=True)
+    html = results_table(
+        runs, TINY, baselines={"fetch position 1": {"bound <x>": {8: 0.5, 16: 0.25, 32: 0.125}}}, html=True
+    )
     assert html.count("<tr>") == 3 and f'<td style="text-align:right">{cell}</td>' in html
     assert "bound &lt;x&gt;" in html and " 12.5</td>" in html
 
@@ -275,8 +308,9 @@ def test_the_jordan_control_is_the_jordan_generator_without_its_nilpotent_part(h
     frequencies = torch.linalg.eigvals(control).imag.abs().sort().values
     assert torch.allclose(frequencies, jordan_frequencies(head_dim).repeat_interleave(2).sort().values, atol=1e-12)
     damped = jordan_rotation_generator(head_dim, eigenvalue=-0.05, dtype=torch.float64)
-    assert torch.allclose(torch.linalg.eigvals(damped).real, torch.full((head_dim,), -0.05, dtype=torch.float64),
-                          atol=1e-12)
+    assert torch.allclose(
+        torch.linalg.eigvals(damped).real, torch.full((head_dim,), -0.05, dtype=torch.float64), atol=1e-12
+    )
 
 
 def test_long_evaluations_use_fewer_sequences():
@@ -389,9 +423,10 @@ def test_add_layer_pattern_registers_a_per_layer_model(_pattern_names):
         add_layer_pattern("bad-str-test", "rope")
     with pytest.raises(ValueError, match="one encoding per layer"):
         TinyTransformer(DEEP, LayerEncodings([posenc.NoPE()] * 3), causal=True)
-    assert not {"bad-input-test", "bad-causal-test", "bad-name-test", "bad-str-test"} & (set(ENCODINGS)
-                                                                                         | set(experiments.LAYER_PATTERNS))
-    assert name not in ENCODINGS and "hybrid" not in ENCODINGS   # chapter 11's plan over ENCODINGS is untouched
+    assert not {"bad-input-test", "bad-causal-test", "bad-name-test", "bad-str-test"} & (
+        set(ENCODINGS) | set(experiments.LAYER_PATTERNS)
+    )
+    assert name not in ENCODINGS and "hybrid" not in ENCODINGS  # chapter 11's plan over ENCODINGS is untouched
 
 
 def test_add_encoding_then_a_pattern_with_it_trains(_pattern_names):
@@ -423,8 +458,9 @@ def test_add_encoding_then_a_pattern_with_it_trains(_pattern_names):
 def test_local_rope_layers_and_a_global_nope_layer_stack_as_alone(_pattern_names):
     from posenc.layer_patterns import LocalWindow
 
-    _pattern_names.append(add_encoding("rope-window-test", "RoPE, window 3",
-                                       lambda c: LocalWindow(posenc.RotaryEmbedding(c.head_dim), 3)))
+    _pattern_names.append(
+        add_encoding("rope-window-test", "RoPE, window 3", lambda c: LocalWindow(posenc.RotaryEmbedding(c.head_dim), 3))
+    )
     _pattern_names.append(add_layer_pattern("rnope-swa-test", ["rope-window-test"] * 3 + ["nope-causal"]))
     ensemble, _ = train(CopyBack(1), ["rnope-swa-test", "hybrid"], replace(DEEP, steps=5))
     assert len(ensemble.groups) == 2  # the windowed pattern and the plain hybrid never share a call
@@ -443,8 +479,13 @@ def test_local_rope_layers_and_a_global_nope_layer_stack_as_alone(_pattern_names
 
 
 def test_alibi_slopes_stack_apart_and_as_alone(_pattern_names):
-    _pattern_names.append(add_encoding("alibi-steep-test", "ALiBi, slopes 4, 2, ...",
-                                       lambda c: posenc.ALiBi(c.n_heads, slopes=[4.0 / 2**h for h in range(c.n_heads)])))
+    _pattern_names.append(
+        add_encoding(
+            "alibi-steep-test",
+            "ALiBi, slopes 4, 2, ...",
+            lambda c: posenc.ALiBi(c.n_heads, slopes=[4.0 / 2**h for h in range(c.n_heads)]),
+        )
+    )
     ensemble, _ = train(CopyBack(1), ["alibi", "alibi-steep-test"], replace(TINY, steps=5))
     assert len(ensemble.groups) == 2  # other slopes: never one shared bias
     assert torch.equal(ensemble.groups[1][2].slopes, torch.tensor([4.0, 2.0]))

@@ -7,6 +7,7 @@ Training and evaluation run many models at once in an :class:`Ensemble` (every w
 one batched operation per step for all of them); :func:`run_plan` trains any list of ``(task, encoding)`` pairs
 together. Everything is seeded: one plan always gives the same numbers on one machine.
 """
+
 from __future__ import annotations
 
 import contextlib
@@ -18,17 +19,17 @@ import torch
 from torch import nn
 from torch.func import functional_call, vmap
 
-from . import tables
 from .._checks import require_int
 from ..absolute import LearnedInput, SinusoidalInput
 from ..alibi import ALiBi
-from ..multihead import self_attention
 from ..data_dependent import CoPE, FoX, PaTH
 from ..encodings import NoPE, PositionalEncoding
 from ..generators import copy_frequencies, jordan_generator, xpos_generator
 from ..group_encodings import GroupEncoding
 from ..layer_patterns import LayerEncodings, LocalWindow
+from ..multihead import self_attention
 from ..rope import RotaryEmbedding
+from . import tables
 from .tasks import IGNORE_INDEX, CopyTask
 
 
@@ -90,13 +91,15 @@ def jordan_frequencies(head_dim: int, base: float = 10_000.0) -> torch.Tensor:
     return copy_frequencies(head_dim // 4, base).repeat_interleave(2)
 
 
-def jordan_rotation_generator(head_dim: int, eigenvalue: float = 0.0, base: float = 10_000.0,
-                              dtype=torch.float32) -> torch.Tensor:
+def jordan_rotation_generator(
+    head_dim: int, eigenvalue: float = 0.0, base: float = 10_000.0, dtype=torch.float32
+) -> torch.Tensor:
     """The control for the Jordan block: :func:`posenc.generators.jordan_generator` ``(head_dim, eigenvalue)`` without
     its nilpotent part, i.e. (damped) rotations, Jordan blocks of size 1, at the Jordan generator's own
     frequencies: ``(D, D)``."""
-    return jordan_generator(head_dim, eigenvalue=eigenvalue, frequency=jordan_frequencies(head_dim, base), block=1,
-                            dtype=dtype)
+    return jordan_generator(
+        head_dim, eigenvalue=eigenvalue, frequency=jordan_frequencies(head_dim, base), block=1, dtype=dtype
+    )
 
 
 # name -> (label, causal, factory(config) -> PositionalEncoding)
@@ -111,12 +114,21 @@ ENCODINGS = {
     "alibi": ("ALiBi", True, lambda c: ALiBi(c.n_heads, causal=True)),
     "xpos": ("xPos (damped RoPE)", True, lambda c: GroupEncoding(xpos_generator(c.head_dim))),
     "jordan": ("Jordan block", True, lambda c: GroupEncoding(jordan_generator(c.head_dim))),
-    "jordan-damped": ("Jordan block, damped", True,
-                      lambda c: GroupEncoding(jordan_generator(c.head_dim, eigenvalue=JORDAN_DAMPING))),
-    "jordan-rotation": ("rotation at Jordan's frequencies", True,
-                        lambda c: GroupEncoding(jordan_rotation_generator(c.head_dim))),
-    "jordan-rotation-damped": ("rotation at Jordan's frequencies, damped", True,
-                               lambda c: GroupEncoding(jordan_rotation_generator(c.head_dim, JORDAN_DAMPING))),
+    "jordan-damped": (
+        "Jordan block, damped",
+        True,
+        lambda c: GroupEncoding(jordan_generator(c.head_dim, eigenvalue=JORDAN_DAMPING)),
+    ),
+    "jordan-rotation": (
+        "rotation at Jordan's frequencies",
+        True,
+        lambda c: GroupEncoding(jordan_rotation_generator(c.head_dim)),
+    ),
+    "jordan-rotation-damped": (
+        "rotation at Jordan's frequencies, damped",
+        True,
+        lambda c: GroupEncoding(jordan_rotation_generator(c.head_dim, JORDAN_DAMPING)),
+    ),
 }
 
 _PATTERNS: dict = {}  # name -> the per-layer encoding names it repeats (add_layer_pattern)
@@ -158,8 +170,9 @@ def add_layer_pattern(name: str, layers, label: str | None = None) -> str:
 
     ``layers``: names of :data:`ENCODINGS` (built in, or added by :func:`add_encoding`), repeated over the model's
     depth: layer ``i`` gets ``layers[i % len(layers)]`` (``("rope", "rope", "rope", "nope-causal")`` is the 3:1
-    pattern at any depth, the built-in ``"hybrid"``; ``("nope-causal", "rope")`` alternates). Each must act on q and k or not at all (RoPE, the group encodings,
-    causal NoPE: not an input or a logit-bias encoding, not another pattern), and all must be causal or all
+    pattern at any depth, the built-in ``"hybrid"``; ``("nope-causal", "rope")`` alternates). Each must act on q and k
+    or not at all (RoPE, the group encodings, causal NoPE: not an input or a logit-bias encoding, not another
+    pattern), and all must be causal or all
     bidirectional. Registering the same pattern under the same name again is allowed (a re-run notebook);
     another pattern under a taken name raises ValueError.
     """
@@ -178,16 +191,22 @@ def add_layer_pattern(name: str, layers, label: str | None = None) -> str:
     for each in layers:
         encoding = ENCODINGS[each][2](probe)
         if encoding.kind not in ("qk", "none") or isinstance(encoding, LayerEncodings):
-            raise ValueError(f"layers must name encodings that act on q and k or not at all, got {each!r} "
-                             f"(a {encoding.kind!r} encoding)")
+            raise ValueError(
+                f"layers must name encodings that act on q and k or not at all, got {each!r} "
+                f"(a {encoding.kind!r} encoding)"
+            )
     causal = {ENCODINGS[each][1] for each in layers}
     if len(causal) > 1:
         raise ValueError(f"layers must be all causal or all bidirectional, got {layers}")
     if label is None:
-        label = "layers " + ", ".join(ENCODINGS[each][0] for each in layers) + (" (repeated)" if len(layers) > 1
-                                                                                  else "")
-    LAYER_PATTERNS[name] = (label, causal.pop(), lambda c: LayerEncodings(ENCODINGS[layers[i % len(layers)]][2](c)
-                                                                          for i in range(c.n_layers)))
+        label = (
+            "layers " + ", ".join(ENCODINGS[each][0] for each in layers) + (" (repeated)" if len(layers) > 1 else "")
+        )
+    LAYER_PATTERNS[name] = (
+        label,
+        causal.pop(),
+        lambda c: LayerEncodings(ENCODINGS[layers[i % len(layers)]][2](c) for i in range(c.n_layers)),
+    )
     _PATTERNS[name] = layers
     return name
 
@@ -216,8 +235,9 @@ def encoding_label(name: str) -> str:
 
 def _check_name(name: str) -> str:
     if name not in ENCODINGS and name not in LAYER_PATTERNS and name not in BEYOND_ENCODINGS:
-        raise ValueError(f"encoding must be one of {list(ENCODINGS) + list(LAYER_PATTERNS) + list(BEYOND_ENCODINGS)}, "
-                         f"got {name!r}")
+        raise ValueError(
+            f"encoding must be one of {list(ENCODINGS) + list(LAYER_PATTERNS) + list(BEYOND_ENCODINGS)}, got {name!r}"
+        )
     return name
 
 
@@ -238,9 +258,18 @@ class Block(nn.Module):
         self.mlp = nn.Sequential(nn.Linear(width, config.d_mlp), nn.GELU(), nn.Linear(config.d_mlp, width))
 
     def forward(self, x, encoding, positions, causal: bool, return_weights: bool = False):
-        mixed, weights = self_attention(self.attention_norm(x), self.q.weight, self.k.weight, self.v.weight,
-                                        self.n_heads, encoding=encoding, positions=positions, causal=causal,
-                                        w_o=self.o.weight, return_weights=True)
+        mixed, weights = self_attention(
+            self.attention_norm(x),
+            self.q.weight,
+            self.k.weight,
+            self.v.weight,
+            self.n_heads,
+            encoding=encoding,
+            positions=positions,
+            causal=causal,
+            w_o=self.o.weight,
+            return_weights=True,
+        )
         x = x + mixed
         x = x + self.mlp(self.mlp_norm(x))
         return (x, weights) if return_weights else x
@@ -260,8 +289,9 @@ class TinyTransformer(nn.Module):
     def __init__(self, config: ExperimentConfig, encoding: PositionalEncoding, causal: bool):
         super().__init__()
         if isinstance(encoding, LayerEncodings) and len(encoding) != config.n_layers:
-            raise ValueError(f"a LayerEncodings encoding must give one encoding per layer ({config.n_layers}), "
-                             f"got {len(encoding)}")
+            raise ValueError(
+                f"a LayerEncodings encoding must give one encoding per layer ({config.n_layers}), got {len(encoding)}"
+            )
         self.causal = causal
         self.embed = nn.Embedding(config.vocab_size, config.d_model)
         self.encoding = encoding
@@ -277,8 +307,9 @@ class TinyTransformer(nn.Module):
             x, layer_encoding = self.encoding.encode_input(x, positions), NoPE()
         hidden, weights = [], []
         for index, block in enumerate(self.blocks):
-            x, layer_weights = block(x, _layer_encoding(layer_encoding, index), positions, self.causal,
-                                     return_weights=True)
+            x, layer_weights = block(
+                x, _layer_encoding(layer_encoding, index), positions, self.causal, return_weights=True
+            )
             hidden.append(x)
             weights.append(layer_weights)
         logits = self.readout(self.norm(x))
@@ -335,8 +366,10 @@ def _equivalent(first: PositionalEncoding, other: PositionalEncoding) -> bool:
         return False
     if any(value.shape != others[key].shape or not torch.equal(value, others[key]) for key, value in buffers.items()):
         return False
-    public = [{key: value for key, value in vars(e).items() if not key.startswith("_") and key != "training"}
-              for e in (first, other)]
+    public = [
+        {key: value for key, value in vars(e).items() if not key.startswith("_") and key != "training"}
+        for e in (first, other)
+    ]
     try:
         return bool(public[0] == public[1])
     except (RuntimeError, TypeError, ValueError):  # an attribute that does not compare to one bool (a tensor)
@@ -385,14 +418,15 @@ class Ensemble:
             models = [build_model(each, config, seed, device) for each in names for seed in config.seeds]
         else:  # continue from trained models (a fine-tune): copies, so the originals stay as they are
             if len(models) != len(names) * len(config.seeds):
-                raise ValueError(f"models must hold one model per seed ({len(config.seeds)}) and encoding name, "
-                                 f"got {len(models)}")
+                raise ValueError(
+                    f"models must hold one model per seed ({len(config.seeds)}) and encoding name, got {len(models)}"
+                )
             models = [copy.deepcopy(model).to(device) for model in models]
         self.name, self.names = name, [each for each in names for _ in config.seeds]
         self._stack(models, config)
 
     @classmethod
-    def from_models(cls, models: list, config: ExperimentConfig) -> "Ensemble":
+    def from_models(cls, models: list, config: ExperimentConfig) -> Ensemble:
         """A stack of copies of built :class:`TinyTransformer` models of ``config``, with any encodings."""
         if not models or not all(isinstance(model, TinyTransformer) for model in models):
             raise TypeError("models must be a non-empty list of TinyTransformer")
@@ -418,21 +452,32 @@ class Ensemble:
             raise ValueError("models must share one configuration to be stacked")
         self.params = {key: torch.stack([each[key].detach() for each in named]).requires_grad_() for key in keys}
         # the encodings' own parameters (the learned table), stacked per group
-        if any(isinstance(encoding, LayerEncodings) and any(True for _ in encoding.parameters())
-               for _, _, encoding, _ in self.groups):
+        if any(
+            isinstance(encoding, LayerEncodings) and any(True for _ in encoding.parameters())
+            for _, _, encoding, _ in self.groups
+        ):
             raise NotImplementedError("per-layer encodings with trainable parameters are not stacked")
-        self.encoding_params = [{key: torch.stack([dict(m.encoding.named_parameters())[key].detach()
-                                                   for m in models[start:stop]]).requires_grad_()
-                                 for key, _ in encoding.named_parameters()}
-                                for start, stop, encoding, _ in self.groups]
+        self.encoding_params = [
+            {
+                key: torch.stack(
+                    [dict(m.encoding.named_parameters())[key].detach() for m in models[start:stop]]
+                ).requires_grad_()
+                for key, _ in encoding.named_parameters()
+            }
+            for start, stop, encoding, _ in self.groups
+        ]
         self._tables, self._callers = {}, {}  # per length: position tables; per group: its encoding's skeleton
         self._mask_key, self._mask = None, None
 
-    def part(self, start: int, stop: int) -> "Ensemble":
+    def part(self, start: int, stop: int) -> Ensemble:
         """Models ``start .. stop - 1`` as an ensemble that shares this one's parameters (views, no copy)."""
         part = Ensemble.__new__(Ensemble)
-        part.name, part.names, part.config, part.models = self.name, self.names[start:stop], self.config, \
-            self.models[start:stop]
+        part.name, part.names, part.config, part.models = (
+            self.name,
+            self.names[start:stop],
+            self.config,
+            self.models[start:stop],
+        )
         part.n_heads, part.n_layers, part.device = self.n_heads, self.n_layers, self.device
         part.params = {key: value[start:stop] for key, value in self.params.items()}
         part.groups, part.encoding_params = [], []
@@ -440,7 +485,7 @@ class Ensemble:
             low, high = max(first, start), min(last, stop)
             if low < high:
                 part.groups.append((low - start, high - start, encoding, causal))
-                part.encoding_params.append({key: value[low - first: high - first] for key, value in params.items()})
+                part.encoding_params.append({key: value[low - first : high - first] for key, value in params.items()})
         part._tables, part._callers, part._mask_key, part._mask = {}, {}, None, None
         return part
 
@@ -523,15 +568,19 @@ class Ensemble:
         if input_table is not None:
             x = x + input_table
         sizes = [stop - start for start, stop, _, _ in self.groups]
-        if any(params and encoding.kind == "input" for (_, _, encoding, _), params in zip(self.groups,
-                                                                                          self.encoding_params)):
+        if any(
+            params and encoding.kind == "input"
+            for (_, _, encoding, _), params in zip(self.groups, self.encoding_params)
+        ):
             pieces = list(x.split(sizes))  # split, not slices: its backward is one concatenation
             for g, (_, _, encoding, _) in enumerate(self.groups):
                 if encoding.kind == "input" and self.encoding_params[g]:  # a table per model (learned)
                     pieces[g] = self._per_model(g, "encode_input", pieces[g], positions=positions)
             x = torch.cat(pieces)
-        if any(params and encoding.kind == "logits" for (_, _, encoding, _), params in zip(self.groups,
-                                                                                           self.encoding_params)):
+        if any(
+            params and encoding.kind == "logits"
+            for (_, _, encoding, _), params in zip(self.groups, self.encoding_params)
+        ):
             raise NotImplementedError("logits encodings with parameters are not stacked")
         has_qk = any(encoding.kind == "qk" for _, _, encoding, _ in self.groups)
         has_content = any(encoding.kind == "content" for _, _, encoding, _ in self.groups)
@@ -549,12 +598,16 @@ class Ensemble:
                 for g, (start, stop, encoding, _) in enumerate(self.groups):
                     encoding = _layer_encoding(encoding, layer)
                     if encoding.kind == "qk" and self.encoding_params[g]:
-                        q_parts[g], k_parts[g] = self._per_model(g, "encode_qk", q_parts[g], k_parts[g],
-                                                                 positions=positions)
+                        q_parts[g], k_parts[g] = self._per_model(
+                            g, "encode_qk", q_parts[g], k_parts[g], positions=positions
+                        )
                     elif encoding.kind == "qk":
-                        q_parts[g], k_parts[g] = (t.view(stop - start, batch, heads, length, head_dim) for t in
-                                                  encoding.encode_qk(q_parts[g].flatten(0, 1),
-                                                                     k_parts[g].flatten(0, 1), positions, positions))
+                        q_parts[g], k_parts[g] = (
+                            t.view(stop - start, batch, heads, length, head_dim)
+                            for t in encoding.encode_qk(
+                                q_parts[g].flatten(0, 1), k_parts[g].flatten(0, 1), positions, positions
+                            )
+                        )
                 q, k = torch.cat(q_parts), torch.cat(k_parts)
             window = self._window_bias(layer, length)
             bias = additive if window is None else additive + window
@@ -562,10 +615,16 @@ class Ensemble:
                 scores = list((q @ k.transpose(-1, -2) / math.sqrt(head_dim)).split(sizes))
                 hidden_states = h.view(n_models, batch, length, width).split(sizes)
                 q_parts, k_parts = q.split(sizes), k.split(sizes)
-                for g, (start, stop, encoding, causal) in enumerate(self.groups):
+                for g, (_, _, encoding, causal) in enumerate(self.groups):
                     if encoding.kind == "content":
-                        scores[g] = self._per_model(g, "content_logits", q_parts[g], k_parts[g], hidden_states[g],
-                                                    positions=causal_allowed if causal else None)
+                        scores[g] = self._per_model(
+                            g,
+                            "content_logits",
+                            q_parts[g],
+                            k_parts[g],
+                            hidden_states[g],
+                            positions=causal_allowed if causal else None,
+                        )
                 attention = torch.softmax(torch.cat(scores) + bias, dim=-1)
                 if return_weights:
                     weights.append(attention)
@@ -580,13 +639,17 @@ class Ensemble:
                 if window is not None:  # this layer's windows on top (a fresh tensor: one per local layer)
                     mask = mask + window.expand(-1, batch, -1, -1, -1).reshape_as(mask)
                 mixed = nn.functional.scaled_dot_product_attention(*flat, attn_mask=mask)
-            mixed = mixed.reshape(n_models, batch, heads, length, head_dim).transpose(2, 3).reshape(
-                n_models, batch * length, width)
+            mixed = (
+                mixed.reshape(n_models, batch, heads, length, head_dim)
+                .transpose(2, 3)
+                .reshape(n_models, batch * length, width)
+            )
             x = x + torch.bmm(mixed, p[prefix + "o.weight"].transpose(1, 2)).view_as(x)
             h = _layer_norm(x, p[prefix + "mlp_norm.weight"], p[prefix + "mlp_norm.bias"]).flatten(1, 2)
             h = torch.baddbmm(p[prefix + "mlp.0.bias"][:, None], h, p[prefix + "mlp.0.weight"].transpose(1, 2))
-            h = torch.baddbmm(p[prefix + "mlp.2.bias"][:, None], nn.functional.gelu(h),
-                              p[prefix + "mlp.2.weight"].transpose(1, 2))
+            h = torch.baddbmm(
+                p[prefix + "mlp.2.bias"][:, None], nn.functional.gelu(h), p[prefix + "mlp.2.weight"].transpose(1, 2)
+            )
             x = x + h.view_as(x)
         x = _layer_norm(x, p["norm.weight"], p["norm.bias"]).flatten(1, 2)
         logits = torch.baddbmm(p["readout.bias"][:, None], x, p["readout.weight"].transpose(1, 2))
@@ -626,16 +689,20 @@ def train(task, name, config: ExperimentConfig, device=None, models=None):
     streams = {key: torch.Generator().manual_seed(key[1]) for key in keys}
     task_of = {id(t): t for t in task_list}
     reads = torch.tensor([keys.index((id(t), seed)) for t in task_list for seed in config.seeds])
-    optimizer = torch.optim.AdamW(ensemble.parameters(), lr=config.learning_rate,
-                                  weight_decay=config.weight_decay, foreach=True)
+    optimizer = torch.optim.AdamW(
+        ensemble.parameters(), lr=config.learning_rate, weight_decay=config.weight_decay, foreach=True
+    )
     schedule = torch.optim.lr_scheduler.LambdaLR(optimizer, lambda step: _learning_rate_factor(step, config))
     losses = []
     for _ in range(config.steps):
-        batches = [task_of[key[0]].sample(config.batch_size, config.train_length, config.vocab_size, streams[key],
-                                          device) for key in keys]
+        batches = [
+            task_of[key[0]].sample(config.batch_size, config.train_length, config.vocab_size, streams[key], device)
+            for key in keys
+        ]
         inputs, targets = (torch.stack(parts)[reads.to(parts[0].device)] for parts in list(zip(*batches))[:2])
-        per_token = nn.functional.cross_entropy(ensemble.logits(inputs).flatten(0, 2), targets.flatten(),
-                                                ignore_index=IGNORE_INDEX, reduction="none").view(len(reads), -1)
+        per_token = nn.functional.cross_entropy(
+            ensemble.logits(inputs).flatten(0, 2), targets.flatten(), ignore_index=IGNORE_INDEX, reduction="none"
+        ).view(len(reads), -1)
         per_model = per_token.sum(1) / (targets != IGNORE_INDEX).flatten(1).sum(1)
         optimizer.zero_grad(set_to_none=True)
         per_model.sum().backward()  # the models share no parameter, so each gets the gradient of its own loss
@@ -763,34 +830,50 @@ def with_rope(models: list, rope_parameters: dict, original_length: int) -> list
         rotary = model.encoding
         base = rotary.rope_parameters.get("rope_theta", 10_000.0)
         copy_ = copy.deepcopy(model)
-        copy_.encoding = RotaryEmbedding(rotary.head_dim, {"rope_theta": base, **rope_parameters},
-                                  max_position_embeddings=original_length, layout=rotary.layout).to(
-                                      rotary.inv_freq.device)
+        copy_.encoding = RotaryEmbedding(
+            rotary.head_dim,
+            {"rope_theta": base, **rope_parameters},
+            max_position_embeddings=original_length,
+            layout=rotary.layout,
+        ).to(rotary.inv_freq.device)
         extended.append(copy_)
     return extended
 
 
-def fine_tune(models: list, task: CopyTask, config: ExperimentConfig, length: int, steps: int,
-              batch_size: int | None = None, learning_rate: float | None = None, device=None):
+def fine_tune(
+    models: list,
+    task: CopyTask,
+    config: ExperimentConfig,
+    length: int,
+    steps: int,
+    batch_size: int | None = None,
+    learning_rate: float | None = None,
+    device=None,
+):
     """Continue training copies of ``models`` (one per seed of ``config``) for ``steps`` steps at ``length``, with
     the optimiser and schedule of :func:`train` (warm-up over a tenth of the steps); ``batch_size`` and
     ``learning_rate`` default to the config's. Returns the fine-tuned copies."""
-    tuned = replace(config, train_length=require_int("length", length, minimum=1),
-                    steps=require_int("steps", steps, minimum=1), warmup_steps=max(1, steps // 10),
-                    batch_size=config.batch_size if batch_size is None else require_int("batch_size", batch_size,
-                                                                                         minimum=1),
-                    learning_rate=config.learning_rate if learning_rate is None else learning_rate)
+    tuned = replace(
+        config,
+        train_length=require_int("length", length, minimum=1),
+        steps=require_int("steps", steps, minimum=1),
+        warmup_steps=max(1, steps // 10),
+        batch_size=config.batch_size if batch_size is None else require_int("batch_size", batch_size, minimum=1),
+        learning_rate=config.learning_rate if learning_rate is None else learning_rate,
+    )
     ensemble, _ = train(task, "rope", tuned, device, models=models)
     return ensemble.trained_models()
 
 
 def results_table(runs: list, config: ExperimentConfig, baselines: dict | None = None, html: bool = False) -> str:
-    """One row per task and encoding, ``mean (min-max)`` accuracy in % at each length (see :func:`posenc.lab.tables.format_table`).
+    """One row per task and encoding, ``mean (min-max)`` accuracy in % at each length (see
+    :func:`posenc.lab.tables.format_table`).
 
     ``baselines``: optional ``{task name: {row label: {length: accuracy}}}``, printed as extra rows of that task.
     """
-    header = ["task", "encoding"] + [f"L = {length} ({length // config.train_length}x)"
-                                     for length in config.eval_lengths]
+    header = ["task", "encoding"] + [
+        f"L = {length} ({length // config.train_length}x)" for length in config.eval_lengths
+    ]
     rows = []
     for task in dict.fromkeys(run.task for run in runs):
         for name in dict.fromkeys(run.encoding for run in runs if run.task == task):
@@ -820,8 +903,37 @@ def position_probe_r2(hidden: torch.Tensor) -> float:
     return (1 - (error**2).sum() / ((position[~train] - position[~train].mean()) ** 2).sum()).item()
 
 
-__all__ = ["ExperimentConfig", "threads", "ENCODINGS", "LAYER_PATTERNS", "BEYOND_ENCODINGS", "add_encoding", "add_layer_pattern",
-           "JORDAN_DAMPING", "jordan_frequencies", "jordan_rotation_generator", "with_rope", "fine_tune", "accuracies",
-           "encoding_label", "Block", "TinyTransformer", "build_model", "Run", "Ensemble", "train",
-           "evaluation_data", "evaluate", "batch_accuracy", "EVAL_CHUNK_SCORES", "evaluate_ensemble", "run_plan", "run_encoding",
-           "run_experiments", "accuracy_spread", "mean_position_accuracy", "results_table", "position_probe_r2"]
+__all__ = [
+    "ExperimentConfig",
+    "threads",
+    "ENCODINGS",
+    "LAYER_PATTERNS",
+    "BEYOND_ENCODINGS",
+    "add_encoding",
+    "add_layer_pattern",
+    "JORDAN_DAMPING",
+    "jordan_frequencies",
+    "jordan_rotation_generator",
+    "with_rope",
+    "fine_tune",
+    "accuracies",
+    "encoding_label",
+    "Block",
+    "TinyTransformer",
+    "build_model",
+    "Run",
+    "Ensemble",
+    "train",
+    "evaluation_data",
+    "evaluate",
+    "batch_accuracy",
+    "EVAL_CHUNK_SCORES",
+    "evaluate_ensemble",
+    "run_plan",
+    "run_encoding",
+    "run_experiments",
+    "accuracy_spread",
+    "mean_position_accuracy",
+    "results_table",
+    "position_probe_r2",
+]
