@@ -407,8 +407,9 @@ def use_posenc_rope(
         The :class:`PosencRope` handle (``remove()``, ``captured``, context manager).
 
     Raises:
-        TypeError for a model that does not rotate with cos/sin as above, saying what was found; ValueError for
-        bad pairs, layers, tables or ``rounding``; RuntimeError when the model is already patched.
+        TypeError: a model that does not rotate with cos/sin as above (the message says what was found).
+        ValueError: bad pairs, layers, tables or ``rounding``.
+        RuntimeError: the model is already patched.
     """
     return PosencRope(
         model,
