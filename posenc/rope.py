@@ -639,7 +639,8 @@ class RotaryEmbedding(PositionalEncoding):
     ``offset + arange(T)`` are cut from a cache of ``cos``/``sin`` rows ``(N, R/2)`` (``N`` a power of two,
     grown when ``offset + T`` passes it), rebuilt when ``inv_freq`` changes (device, dtype, values); integer
     ``positions`` and per-sequence offsets read the cache by index on the CPU in eager calls (a decode step's
-    ``(B, 1)`` position ids: one gather of full-width rows), up to ``max(CACHE_LIMIT, max_position_embeddings)`` positions (``CACHE_LIMIT`` = 65,536); real positions,
+    ``(B, 1)`` position ids: one gather of full-width rows), up to ``max(CACHE_LIMIT, max_position_embeddings)``
+    positions (``CACHE_LIMIT`` = 65,536); real positions,
     accelerators and traced calls (``torch.compile``, ``torch.export``) compute their tables directly. The cached
     rows are the direct computation's numbers (tests/test_library_use.py, tests/test_rope_api.py).
     Per-sequence offsets (a ``(B,)`` tensor) and packed sequences (``cu_seqlens``) are taken by ``forward``;
