@@ -135,3 +135,21 @@ def test_position_blind_ceiling_of_the_content_task(causal):
         counts -= torch.nn.functional.one_hot(inputs, VOCAB).float()
         rule = ((counts.argmax(-1) == targets) & mask).sum().item() / mask.sum().item()
         assert rule <= got + 1e-6
+
+
+def test_position_blind_ceilings_tabulates_both_ceilings_of_every_task_and_length():
+    tasks = [order_tasks.CopyBack(2), order_tasks.FetchPosition(1)]
+    data = {(t.name, n): _sample(t, batch=32, length=n, seed=n)[0] for t in tasks for n in (8, 16)}
+    ceilings = order_tasks.position_blind_ceilings(tasks, (8, 16), lambda t, n: data[t.name, n], VOCAB)
+    assert set(ceilings) == {t.name for t in tasks}
+    for task in tasks:
+        assert set(ceilings[task.name]) == set(order_tasks.CEILING_LABELS.values())
+        for n in (8, 16):
+            for causal in (False, True):
+                expected = order_tasks.position_blind_accuracy(task, data[task.name, n], VOCAB, causal=causal)
+                assert order_tasks.ceiling(ceilings, task, n, causal=causal) == expected
+    # the two ceilings differ: one causal layer knows its own position's prefix size
+    assert (
+        ceilings["copy-back"][order_tasks.CEILING_LABELS[True]]
+        != ceilings["copy-back"][order_tasks.CEILING_LABELS[False]]
+    )

@@ -217,4 +217,37 @@ def position_blind_accuracy(
     return best[on_target].mean().item()
 
 
-__all__ = ["IGNORE_INDEX", "CopyTask", "CopyBack", "FetchPosition", "CopyAfterMarker", "position_blind_accuracy"]
+CEILING_LABELS = {False: "ceiling without positions", True: "ceiling of one causal layer"}
+
+
+def position_blind_ceilings(tasks, lengths, inputs_of, vocab_size: int) -> dict:
+    """Both position-blind ceilings (:func:`position_blind_accuracy`, bidirectional and one causal layer) of each
+    task at each length: ``{task name: {label: {length: accuracy}}}``, the ``baselines`` a results table takes.
+
+    ``inputs_of(task, length)`` gives the evaluation inputs ``(B, length)`` the models are scored on.
+    """
+    return {
+        task.name: {
+            label: {n: position_blind_accuracy(task, inputs_of(task, n), vocab_size, causal=causal) for n in lengths}
+            for causal, label in CEILING_LABELS.items()
+        }
+        for task in tasks
+    }
+
+
+def ceiling(ceilings: dict, task: CopyTask, length: int, *, causal: bool) -> float:
+    """One entry of :func:`position_blind_ceilings`: without positions (``causal=False``) or of one causal layer."""
+    return ceilings[task.name][CEILING_LABELS[causal]][length]
+
+
+__all__ = [
+    "IGNORE_INDEX",
+    "CopyTask",
+    "CopyBack",
+    "FetchPosition",
+    "CopyAfterMarker",
+    "position_blind_accuracy",
+    "CEILING_LABELS",
+    "position_blind_ceilings",
+    "ceiling",
+]
