@@ -150,6 +150,6 @@ def test_position_blind_ceilings_tabulates_both_ceilings_of_every_task_and_lengt
                 assert order_tasks.ceiling(ceilings, task, n, causal=causal) == expected
     # the two ceilings differ: one causal layer knows its own position's prefix size
     assert (
-        ceilings["copy-back"][order_tasks.CEILING_LABELS[True]]
-        != ceilings["copy-back"][order_tasks.CEILING_LABELS[False]]
+        ceilings[tasks[0].name][order_tasks.CEILING_LABELS[True]]
+        != ceilings[tasks[0].name][order_tasks.CEILING_LABELS[False]]
     )
