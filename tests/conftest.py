@@ -1,4 +1,3 @@
-import copy
 import os
 
 import pytest
@@ -29,29 +28,17 @@ def _seed():
 
 @pytest.fixture(scope="session")
 def tiny_model():
-    """A factory of tiny random transformers models, offline: ``tiny_model(config, seed=0, head=None, **sizes)``.
-
-    ``config``: a config instance (copied, ``sizes`` set on the copy) or a config class (built from
-    :data:`TINY_SIZES` updated with ``sizes``). ``head``: the class to build (``AutoModelForCausalLM`` by default;
-    any ``transformers`` model class or auto class). The model uses eager attention, has its weights drawn after
-    ``torch.manual_seed(seed)``, and is returned in eval mode.
+    """A factory of tiny random transformers models, offline: ``tiny_model(config, seed=0, head=None, **sizes)``, which
+    is :func:`posenc.lab.tiny_models.tiny_model` with a config class built from :data:`TINY_SIZES` updated with
+    ``sizes`` (a config instance is used as it is, ``sizes`` set on a copy).
     """
-    transformers = pytest.importorskip("transformers")
+    pytest.importorskip("transformers")
+    from posenc.lab.tiny_models import tiny_model as build
 
-    def build(config, seed: int = 0, head=None, **sizes):
-        if isinstance(config, type):
-            config = config(**{**TINY_SIZES, **sizes})
-        else:
-            config = copy.deepcopy(config)
-            for key, value in sizes.items():
-                setattr(config, key, value)
-        config._attn_implementation = "eager"
-        head = transformers.AutoModelForCausalLM if head is None else head
-        torch.manual_seed(seed)
-        model = head.from_config(config) if hasattr(head, "from_config") else head(config)
-        return model.eval()
+    def build_tiny(config, seed: int = 0, head=None, **sizes):
+        return build(config, seed, head, **({**TINY_SIZES, **sizes} if isinstance(config, type) else sizes))
 
-    return build
+    return build_tiny
 
 
 def pytest_collection_modifyitems(config, items):

@@ -4,7 +4,7 @@ import pytest
 import torch
 
 import posenc
-from posenc.lab.embeddings import load_embeddings, packaged_minilm_path
+from posenc.lab.embeddings import load_embeddings, packaged_minilm_path, sentence_windows
 
 
 def test_packaged_minilm_loads_offline_from_safetensors(monkeypatch):
@@ -37,3 +37,34 @@ def test_bad_input():
         load_embeddings().embed(42)
     with pytest.raises(TypeError, match="name_or_path"):
         posenc.lab.embeddings.load_embeddings(3)
+
+
+def test_sentence_windows_run_across_sentences_and_stop_at_the_document_end():
+    ids = torch.arange(1, 11)  # a document of 10 tokens
+    windows, lengths, sentence_lengths, size = sentence_windows(ids, torch.tensor([0, 3, 8]), width=4)
+    assert windows.tolist() == [[1, 2, 3, 4], [4, 5, 6, 7], [9, 10, 0, 0]]  # the last padded with 0
+    assert lengths.tolist() == [4, 4, 2] and sentence_lengths.tolist() == [3, 4, 2] and size.tolist() == [10] * 3
+    # every window's tokens are the document's, from its sentence start on
+    generator = torch.Generator().manual_seed(0)
+    ids = torch.randint(1, 50, (300,), generator=generator)
+    starts = torch.randperm(300, generator=generator)[:40].sort().values
+    windows, lengths, sentence_lengths, _ = sentence_windows(ids, starts)
+    assert windows.shape == (40, 128)
+    for start, window, length in zip(starts.tolist(), windows, lengths.tolist()):
+        assert length == min(128, 300 - start) and torch.equal(window[:length], ids[start : start + length])
+        assert (window[length:] == 0).all()
+    gaps = torch.cat([starts[1:], torch.tensor([300])]) - starts
+    assert torch.equal(sentence_lengths, gaps.clamp(max=128)) and (sentence_lengths <= lengths).all()
+
+
+def test_sentence_windows_bad_input():
+    ids = torch.arange(10)
+    with pytest.raises(TypeError, match="ids"):
+        sentence_windows(ids.float(), torch.tensor([0]))
+    with pytest.raises(TypeError, match="first_token"):
+        sentence_windows(ids, [0, 3])
+    with pytest.raises(ValueError, match="width"):
+        sentence_windows(ids, torch.tensor([0]), width=0)
+    for starts in ([3, 3], [5, 2], [-1], [10]):
+        with pytest.raises(ValueError, match="first_token"):
+            sentence_windows(ids, torch.tensor(starts))

@@ -3,7 +3,10 @@
 * :mod:`posenc.lab.interactive`: live and static sliders from one drawing function;
 * :mod:`posenc.lab.tasks` and :mod:`posenc.lab.experiments`: synthetic order tasks and small transformers to train;
   :mod:`posenc.lab.tables` formats their results;
-* :mod:`posenc.lab.embeddings`: real pretrained token and position embeddings (MiniLM offline);
+* :mod:`posenc.lab.embeddings`: real pretrained token and position embeddings (MiniLM offline), and chapter 9's
+  windows of text;
+* :mod:`posenc.lab.tiny_models`: tiny random ``transformers`` models, the reference computations of chapter 13 and
+  the tests (not imported here);
 * :mod:`posenc.lab.language_model`: a real Llama-architecture model (SmolLM2-135M) loaded offline and run with
   posenc's RoPE; :mod:`posenc.lab.long_context`: chapter 12's study of it beyond its trained context (not imported
   here);

@@ -70,3 +70,28 @@ def load_embeddings(name_or_path: str | None = None) -> PretrainedEmbeddings:
     return PretrainedEmbeddings(
         DEFAULT_MODEL if name_or_path is None else str(name_or_path), tokenizer, token_embeddings, position_embeddings
     )
+
+
+def sentence_windows(ids: torch.Tensor, first_token: torch.Tensor, width: int = 128) -> tuple[torch.Tensor, ...]:
+    """One window of ``width`` token ids per sentence start of one document (chapter 9's corpus of windows).
+
+    ``ids``: the document's token ids ``(T,)``; ``first_token``: the index of each sentence's first token ``(S,)``,
+    increasing, in ``[0, T)``. The window of sentence ``s`` holds ``ids[first_token[s]:first_token[s] + width]``: it
+    runs on across sentence ends but stops at the document's end, padded with id 0 after it. Returns
+    ``(windows (S, width), lengths (S,), sentence_lengths (S,), document_size (S,))``: ``lengths`` counts each
+    window's tokens, ``sentence_lengths`` stops at the next sentence start (both at most ``width``), and
+    ``document_size`` repeats ``T``.
+    """
+    for name, value in (("ids", ids), ("first_token", first_token)):
+        if not isinstance(value, torch.Tensor) or value.dim() != 1 or value.is_floating_point() or value.is_complex():
+            raise TypeError(f"{name} must be a 1-D integer tensor, got {getattr(value, 'shape', type(value).__name__)}")
+    if isinstance(width, bool) or not isinstance(width, int) or width < 1:
+        raise ValueError(f"width must be a positive int, got {width!r}")
+    size = len(ids)
+    if len(first_token) and (first_token[0] < 0 or first_token[-1] >= size or (first_token.diff() <= 0).any()):
+        raise ValueError(f"first_token must increase strictly and lie in [0, len(ids)) = [0, {size})")
+    windows = torch.nn.functional.pad(ids, (0, width))[first_token[:, None] + torch.arange(width)]
+    next_start = torch.cat([first_token[1:], torch.tensor([size])])
+    lengths = (size - first_token).clamp(max=width)
+    sentence_lengths = (next_start - first_token).clamp(max=width)
+    return windows, lengths, sentence_lengths, torch.full((len(first_token),), size)
