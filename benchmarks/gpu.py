@@ -161,11 +161,10 @@ def contenders(batch, kv_heads, length, dtype, device, compile_peers: bool = Tru
 
 def float64_reference(x, positions, device):
     import posenc
-    from posenc.rope import _rotation_formula
 
     inv_freq, _ = posenc.rope_frequencies(HEAD_DIM, device=device)
     angles = positions.double()[:, None] * inv_freq.double()
-    return _rotation_formula(x.double(), angles.cos(), angles.sin(), "half")
+    return posenc.rope.rope_reference(x.double(), angles.cos(), angles.sin())
 
 
 def kernel_rows(

@@ -35,7 +35,7 @@ from __future__ import annotations
 import torch
 from torch import nn
 
-from ._checks import as_coordinates, check_head_dim, require_int, require_tensor
+from ._checks import as_coordinates, check_head_dim, coordinates_table, require_int, require_tensor
 from .generators import rope_generators
 from .group_encodings import MultiGroupEncoding, commutator, multi_parameter_group
 from .nd_rope import DEFAULT_BASE, NDRoPE, indexed_coordinates
@@ -94,13 +94,7 @@ class _LearnedGenerators(MultiGroupEncoding):
         nn.Module.__init__(self)  # not MultiGroupEncoding.__init__: the generators are a function, not a tensor
         self.head_dim, self.n_axes = check_head_dim(head_dim), require_int("n_axes", n_axes, minimum=1)
         self.check, self.tol = False, None  # type: ignore[assignment]  # no generator tensor to check
-        if coordinates is not None:
-            coordinates = as_coordinates("coordinates", coordinates, n_axes)
-            if coordinates.ndim != 2:
-                raise ValueError(f"coordinates must have shape (N, {n_axes}), got {tuple(coordinates.shape)}")
-            self.register_buffer("coordinates", coordinates.clone(), persistent=False)
-        else:
-            self.coordinates = None
+        self.register_buffer("coordinates", coordinates_table(coordinates, n_axes), persistent=False)
 
     def generator_matrices(self) -> torch.Tensor:
         """The generators ``(n, D, D)`` (differentiable in the parameters)."""

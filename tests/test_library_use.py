@@ -214,25 +214,25 @@ def test_table_cache_is_never_stale():
         return posenc.apply_rope(q[..., : len(positions), :], *posenc.rope_cos_sin(positions, module.inv_freq))
 
     assert torch.equal(module(q, q, offset=7)[0], direct(torch.arange(7, 12)))
-    first = module._table_cache[1]
+    first = module._table_cache.entry[1]
     assert first.shape[0] == 64 and first.dtype == torch.float32
     assert torch.equal(module(q, q, offset=7)[0], direct(torch.arange(7, 12)))
-    assert module._table_cache[1] is first  # reused, not rebuilt
+    assert module._table_cache.entry[1] is first  # reused, not rebuilt
     # a longer reach grows the cache; rows it already had are the same numbers
     assert torch.equal(module(q, q, offset=1000)[0], direct(torch.arange(1000, 1005)))
-    assert module._table_cache[1].shape[0] == 1024 and torch.equal(module._table_cache[1][:64], first)
+    assert module._table_cache.entry[1].shape[0] == 1024 and torch.equal(module._table_cache.entry[1][:64], first)
     # new values of inv_freq (in place) and a new device rebuild it
     with torch.no_grad():
         module.inv_freq.mul_(0.5)
     assert torch.equal(module(q, q, offset=7)[0], direct(torch.arange(7, 12)))
     module.to("meta")
     out = module(q.to("meta"), q.to("meta"), offset=7)[0]
-    assert out.device.type == "meta" and module._table_cache[1].device.type == "meta"
+    assert out.device.type == "meta" and module._table_cache.entry[1].device.type == "meta"
     # the cached rows are the uncached computation of the same positions, bit for bit
     module = posenc.RotaryEmbedding(64, {"rope_type": "yarn", "factor": 4.0, "original_max_position_embeddings": 256})
     module(q[..., :1, :].expand(1, 2, 1, 32).repeat(1, 1, 1, 2), q[..., :1, :].repeat(1, 1, 1, 2), offset=100)
     cos, sin = posenc.rope_cos_sin(torch.arange(128), module.inv_freq, module.attention_factor)
-    assert torch.equal(module._table_cache[1], cos) and torch.equal(module._table_cache[2], sin)
+    assert torch.equal(module._table_cache.entry[1], cos) and torch.equal(module._table_cache.entry[2], sin)
 
 
 # ------------------------------------------------------------------------------------------ compile and export
@@ -342,7 +342,7 @@ def test_finiteness_is_checked_in_eager_cpu_calls_only():
 def test_small_eager_path_is_the_formula_bit_for_bit(dtype, layout):
     """A decode-sized input without gradients takes rotate_small (out= into one output, no cat): the formula's
     products and sums, each rounded as the formula rounds them, so equal bit for bit."""
-    from posenc import rope
+    from posenc import _rope_dispatch, rope
     from posenc._rope_kernels import KERNEL_MIN_NUMEL
 
     generator = torch.Generator().manual_seed(5)
@@ -353,9 +353,9 @@ def test_small_eager_path_is_the_formula_bit_for_bit(dtype, layout):
         cos, sin = posenc.rope_cos_sin(positions, inv_freq)
         if seq_dim == -3:
             x = x.transpose(1, 2)
-        aligned = [rope._align_table(t, x, seq_dim) for t in (cos, sin)]
-        assert rope._ENGINE._eager_fits(x, *aligned) and x.numel() < KERNEL_MIN_NUMEL
-        expected = rope._rotation_formula(x, *aligned, layout)
+        aligned = [_rope_dispatch.align_table(t, x, seq_dim) for t in (cos, sin)]
+        assert _rope_dispatch.ENGINE._eager_fits(x, *aligned) and x.numel() < KERNEL_MIN_NUMEL
+        expected = rope.rope_reference(x, cos, sin, layout, seq_dim=seq_dim)
         assert torch.equal(posenc.apply_rope(x, cos, sin, layout, seq_dim=seq_dim), expected)
 
 
@@ -365,7 +365,7 @@ def test_position_id_runs_read_the_cache_and_others_do_not():
     step = torch.full((8, 1), 1000)
     expected = posenc.apply_rope(q, *posenc.rope_cos_sin(step, module.inv_freq))
     assert torch.equal(module(q, q, positions=step)[0], expected)  # read from the cache
-    assert module._table_cache is not None and module._table_cache[1].shape[0] == 1024
+    assert module._table_cache.entry is not None and module._table_cache.entry[1].shape[0] == 1024
     prompt = torch.randn(2, 4, 6, 64)
     for positions in (
         torch.arange(6) + 3,
@@ -376,4 +376,4 @@ def test_position_id_runs_read_the_cache_and_others_do_not():
     ):  # real, and past the cache limit: computed
         direct = posenc.apply_rope(prompt, *posenc.rope_cos_sin(positions, module.inv_freq))
         assert torch.equal(module(prompt, prompt, positions=positions)[0], direct)
-    assert module._table_cache[1].shape[0] == 1024  # the cache did not grow to 70,000
+    assert module._table_cache.entry[1].shape[0] == 1024  # the cache did not grow to 70,000

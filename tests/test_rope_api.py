@@ -12,8 +12,7 @@ import pytest
 import torch
 
 import posenc
-from posenc import rope
-from posenc.rope import _rotation_formula
+from posenc import _rope_dispatch, rope
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -27,7 +26,7 @@ def tables(length, rotary_dim=16, start=0):
 @pytest.mark.parametrize("path", ["cpu", "triton"])
 def test_a_list_gets_the_same_type_error_on_every_path(monkeypatch, path):
     if path == "triton":  # the CUDA branch, as the dispatcher would take it
-        monkeypatch.setattr(rope, "_use_triton", lambda x: True)
+        monkeypatch.setattr(_rope_dispatch, "_triton_for", lambda x: pytest.importorskip("posenc._triton_rope"))
     cos, sin = tables(3, 8)
     x = [[0.0] * 8] * 3
     for call in (
@@ -91,9 +90,9 @@ def test_a_decode_step_with_its_own_position_per_sequence_reads_the_cache_exactl
             ids = ids[:, None]
             cos, sin = posenc.rope_cos_sin(ids, module.inv_freq)
             q_rot, k_rot = module(q, k, ids)
-            assert torch.equal(q_rot, _rotation_formula(q, cos[:, None], sin[:, None], "half"))
-            assert torch.equal(k_rot, _rotation_formula(k, cos[:, None], sin[:, None], "half"))
-    assert module._table_cache[1].shape[0] == 4096  # grown to 4,000, not to 70,000
+            assert torch.equal(q_rot, rope.rope_reference(q, cos, sin))
+            assert torch.equal(k_rot, rope.rope_reference(k, cos, sin))
+    assert module._table_cache.entry[1].shape[0] == 4096  # grown to 4,000, not to 70,000
 
 
 def test_offsets_are_checked():
@@ -175,13 +174,15 @@ def test_a_device_without_what_the_kernel_needs_takes_the_formula(monkeypatch):
     if not tr.AVAILABLE or os.environ.get("TRITON_INTERPRET") != "1":
         pytest.skip("needs Triton's interpreter (TRITON_INTERPRET=1, set by conftest.py without CUDA)")
     monkeypatch.setattr(tr, "DEVICE_TYPES", ("cuda", "cpu"))
-    monkeypatch.setattr(rope, "_use_triton", tr.use_triton)  # the real decision, on CPU tensors
+    monkeypatch.setattr(
+        _rope_dispatch, "_triton_for", lambda x: tr if tr.use_triton(x) else None
+    )  # the real decision, on CPU tensors
     launches = []
     launch = tr._launch
     monkeypatch.setattr(tr, "_launch", lambda *args: (launches.append(1), launch(*args))[1])
     q, k = torch.randn(2, 4, 5, 16).bfloat16(), torch.randn(2, 2, 5, 16).bfloat16()
     cos, sin = tables(5)
-    formula = (_rotation_formula(q, cos, sin, "half"), _rotation_formula(k, cos, sin, "half"))
+    formula = (rope.rope_reference(q, cos, sin), rope.rope_reference(k, cos, sin))
     for capability, kernel in (((7, 5), False), ((8, 0), True)):
         monkeypatch.setattr(tr, "_capability", lambda device, c=capability: c)
         tr._CAPABLE.clear()
@@ -201,7 +202,7 @@ def test_a_device_without_what_the_kernel_needs_takes_the_formula(monkeypatch):
 OVERFLOW_SCRIPT = textwrap.dedent("""
     import torch
     from posenc import _triton_rope as tr
-    from posenc.rope import _rotation_formula, rope_cos_sin
+    from posenc.rope import rope_cos_sin, rope_reference
     from posenc import rope_frequencies
 
     S = 2 ** 30            # every stride fits in 32 bits; b * S and the sums of offsets pass 2**31
@@ -219,11 +220,12 @@ OVERFLOW_SCRIPT = textwrap.dedent("""
         t.copy_(torch.randn(t.shape))
     cos.copy_(angles.cos())
     sin.copy_(angles.sin())
-    expected_q = _rotation_formula(q, cos[:, None], sin[:, None], "half")
-    expected_k = _rotation_formula(k, cos[:, None], sin[:, None], "half")
+    expected_q = rope_reference(q, cos, sin)
+    expected_k = rope_reference(k, cos, sin)
     q_rot, k_rot = tr.rope_qk(q, k, cos, sin)
     assert torch.equal(q_rot, expected_q) and torch.equal(k_rot, expected_k), "inputs and tables"
-    tr.rope_qk_(q, k, cos, sin)                                        # outputs written through the same strides
+    for t in (q, k):                                                   # outputs written through the same strides
+        tr.rope(t, cos, sin, in_place=True)
     assert torch.equal(q, expected_q) and torch.equal(k, expected_k), "outputs"
     print("ok")
 """)

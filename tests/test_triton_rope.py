@@ -1,6 +1,6 @@
 """The fused Triton RoPE kernel (posenc._triton_rope), checked without a GPU: Triton's own interpreter
 (``TRITON_INTERPRET=1``, set by tests/conftest.py where no CUDA device is present) runs the same ``@triton.jit``
-kernel on CPU tensors. Against :func:`posenc.rope._rotation_formula`:
+kernel on CPU tensors. Against :func:`posenc.rope.rope_reference`:
 
 * float32 and float64: bit for bit. The kernel computes ``x1 cos - x2 sin`` and ``x2 cos + x1 sin`` as separate
   products and sums, as the formula does, and the interpreter evaluates them with numpy, which never fuses a
@@ -22,7 +22,7 @@ from hypothesis import strategies as st
 
 from posenc import _triton_rope as tr
 from posenc import rope_frequencies
-from posenc.rope import _rotation_formula, rope_cos_sin
+from posenc.rope import rope_cos_sin, rope_reference
 
 pytestmark = pytest.mark.skipif(not tr.AVAILABLE, reason="triton is not installed")
 INTERPRETED = os.environ.get("TRITON_INTERPRET") == "1"
@@ -38,8 +38,8 @@ def truncate_to_bfloat16(x: torch.Tensor) -> torch.Tensor:
 def expected(x, cos, sin, layout):
     """What the kernel must return for ``x`` ``(B, H, T, D)``: the formula (bfloat16: see the module docstring)."""
     if x.dtype == torch.bfloat16 and INTERPRETED:
-        return truncate_to_bfloat16(_rotation_formula(x.float(), cos, sin, layout))
-    return _rotation_formula(x, cos, sin, layout)
+        return truncate_to_bfloat16(rope_reference(x.float(), cos, sin, layout, seq_dim=-2))
+    return rope_reference(x, cos, sin, layout, seq_dim=-2)
 
 
 def tables(length, rotary_dim, batch=None, offset=0.0):
@@ -92,7 +92,8 @@ def test_kernel_equals_the_formula(
     assert torch.equal(heads_first(k_out), expected(heads_first(k), broadcast(cos, k), broadcast(sin, k), layout))
 
     q_copy = q.clone()
-    tr.rope_qk_(q, k, cos, sin, layout, seq_dim=seq_dim)  # in place, through the same strides
+    for t in (q, k):  # in place, through the same strides
+        tr.rope(t, cos, sin, layout, seq_dim=seq_dim, in_place=True)
     assert torch.equal(q, q_out) and torch.equal(k, k_out)
     back_q, _ = tr.rope_qk(q, k, cos, sin, layout, seq_dim=seq_dim, conjugate=True)
     if dtype in (torch.float32, torch.float64):
@@ -113,8 +114,8 @@ def test_gradients_equal_autograd_of_the_formula(dtype, layout):
     q_out, k_out = tr.rope_qk(q, k, cos, sin, layout)
     grads = torch.autograd.grad((q_out * weights_q).sum() + (k_out * weights_k).sum(), (q, k))
     reference = torch.autograd.grad(
-        (_rotation_formula(q, cos, sin, layout) * weights_q).sum()
-        + (_rotation_formula(k, cos, sin, layout) * weights_k).sum(),
+        (rope_reference(q, cos, sin, layout) * weights_q).sum()
+        + (rope_reference(k, cos, sin, layout) * weights_k).sum(),
         (q, k),
     )
     # the backward is the kernel with sin negated: x1 cos + x2 sin where autograd forms x1 cos + (-sin) x2 ...
@@ -182,16 +183,16 @@ def test_use_triton_decides_from_the_device_and_the_switch(monkeypatch):
 @pytest.fixture
 def triton_path(monkeypatch):
     """posenc.rope's CUDA branch, taken on this device (the interpreter runs the kernel on CPU tensors)."""
-    from posenc import rope
+    from posenc import _rope_dispatch
 
-    monkeypatch.setattr(rope, "_use_triton", lambda x: True)
+    monkeypatch.setattr(_rope_dispatch, "_triton_for", lambda x: tr)
 
 
 @pytest.mark.parametrize("seq_dim", [-2, -3])
 @pytest.mark.parametrize("layout", ["half", "interleaved"])
 def test_apply_rope_dispatches_to_the_kernel_with_the_same_result(triton_path, monkeypatch, seq_dim, layout):
     import posenc
-    from posenc import rope
+    from posenc import _rope_dispatch
 
     shape = lambda heads: (2, heads, 6, 16) if seq_dim == -2 else (2, 6, heads, 16)
     q, k = torch.randn(shape(4), device=DEVICE), torch.randn(shape(2), device=DEVICE)
@@ -202,7 +203,7 @@ def test_apply_rope_dispatches_to_the_kernel_with_the_same_result(triton_path, m
         posenc.apply_rope_(q.clone(), cos, sin, layout, seq_dim=seq_dim),
     )
     with monkeypatch.context() as formula_only:
-        formula_only.setattr(rope, "_use_triton", lambda x: False)
+        formula_only.setattr(_rope_dispatch, "_triton_for", lambda x: None)
         formula = (
             posenc.apply_rope(q, cos, sin, layout, seq_dim=seq_dim),
             posenc.apply_rope_qk(q, k, cos, sin, layout, seq_dim=seq_dim),
@@ -212,7 +213,7 @@ def test_apply_rope_dispatches_to_the_kernel_with_the_same_result(triton_path, m
     assert all(torch.equal(a, b) for a, b in zip(kernel[1], formula[1]))
     module = posenc.RotaryEmbedding(16, seq_dim=seq_dim)
     with monkeypatch.context() as formula_only:
-        formula_only.setattr(rope, "_use_triton", lambda x: False)
+        formula_only.setattr(_rope_dispatch, "_triton_for", lambda x: None)
         reference = module(q, k)
     assert all(torch.equal(a, b) for a, b in zip(module(q, k), reference))
     # learned tables (a gradient through cos/sin) take the formula: the kernel differentiates x only
