@@ -26,6 +26,7 @@ from __future__ import annotations
 import os
 
 import torch
+from torch import Tensor
 
 try:
     import triton
@@ -91,7 +92,7 @@ def capable(device_type: str, device_index: int | None, dtype: torch.dtype) -> b
     return decision
 
 
-def use_triton(x: torch.Tensor) -> bool:
+def use_triton(x: Tensor) -> bool:
     """Whether :func:`posenc.rope.apply_rope` sends ``x`` to the Triton kernel: a CUDA tensor, Triton importable
     and recent enough, a device that runs ``x``'s dtype (:func:`capable`, cached), and ``POSENC_KERNEL`` not set
     to ``formula``. Decided from the device and dtype alone, never from values."""
@@ -206,7 +207,7 @@ def _launch(q, k, cos, sin, q_out, k_out, interleaved: bool, conjugate: bool) ->
     )
 
 
-def _pass_through(source: torch.Tensor, target: torch.Tensor, rotary_dim: int) -> None:
+def _pass_through(source: Tensor, target: Tensor, rotary_dim: int) -> None:
     if source.shape[-1] > rotary_dim:
         target[..., rotary_dim:].copy_(source[..., rotary_dim:])
 
@@ -223,8 +224,8 @@ def _rope_qk_impl(q, k, cos, sin, interleaved: bool, conjugate: bool):
 
 @torch.library.custom_op("posenc::rope_qk", mutates_args=())
 def _rope_qk_op(
-    q: torch.Tensor, k: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, interleaved: bool, conjugate: bool
-) -> tuple[torch.Tensor, torch.Tensor]:
+    q: Tensor, k: Tensor, cos: Tensor, sin: Tensor, interleaved: bool, conjugate: bool
+) -> tuple[Tensor, Tensor]:
     return _rope_qk_impl(q, k, cos, sin, interleaved, conjugate)
 
 
@@ -232,7 +233,7 @@ _functorch_active = getattr(torch._C, "_are_functorch_transforms_active", lambda
 _dispatch_modes = getattr(torch._C, "_len_torch_dispatch_stack", lambda: 1)
 
 
-def _eager_direct(*tensors: torch.Tensor) -> bool:
+def _eager_direct(*tensors: Tensor) -> bool:
     """Whether a call may launch the kernel directly instead of through the custom op (whose dispatch costs about
     25 us of host time per eager call): plain tensors on a kernel device, nothing for autograd to record, and no
     tracing (``torch.compile``, ``torch.export``), functorch transform or dispatch mode (FakeTensorMode, ...),
@@ -269,9 +270,7 @@ _rope_qk_op.register_autograd(_backward, setup_context=_setup_context)
 
 
 @torch.library.custom_op("posenc::rope_qk_", mutates_args=("q", "k"))
-def _rope_qk_inplace_op(
-    q: torch.Tensor, k: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, interleaved: bool, conjugate: bool
-) -> None:
+def _rope_qk_inplace_op(q: Tensor, k: Tensor, cos: Tensor, sin: Tensor, interleaved: bool, conjugate: bool) -> None:
     # each program reads its two features before it writes them, and no two programs share a feature
     _launch(q, k, cos, sin, q, k, interleaved, conjugate)
 
@@ -281,7 +280,7 @@ def _(q, k, cos, sin, interleaved, conjugate):
     return None
 
 
-def _as_heads_first(x: torch.Tensor, seq_dim: int) -> torch.Tensor:
+def _as_heads_first(x: Tensor, seq_dim: int) -> Tensor:
     """A ``(B, H, T, D)`` view of ``x`` (``(B, H, T, D)`` for ``seq_dim=-2``, ``(B, T, H, D)`` for ``-3``; missing
     leading axes are added as views)."""
     while x.ndim < 4:
@@ -289,21 +288,15 @@ def _as_heads_first(x: torch.Tensor, seq_dim: int) -> torch.Tensor:
     return x.transpose(-2, -3) if seq_dim == -3 else x
 
 
-def _tables(cos: torch.Tensor, sin: torch.Tensor):
+def _tables(cos: Tensor, sin: Tensor):
     if cos.ndim == 2:
         cos, sin = cos[None], sin[None]
     return cos.float(), sin.float()
 
 
 def rope_qk(
-    q: torch.Tensor,
-    k: torch.Tensor,
-    cos: torch.Tensor,
-    sin: torch.Tensor,
-    layout: str = "half",
-    seq_dim: int = -2,
-    conjugate: bool = False,
-) -> tuple[torch.Tensor, torch.Tensor]:
+    q: Tensor, k: Tensor, cos: Tensor, sin: Tensor, layout: str = "half", seq_dim: int = -2, conjugate: bool = False
+) -> tuple[Tensor, Tensor]:
     """Rotate ``q`` and ``k`` in one launch: ``(..., H, T, D)`` (``seq_dim=-2``) or ``(..., T, H, D)``
     (``seq_dim=-3``), up to 4-D, with ``cos``/``sin`` ``(T, R/2)`` or ``(B, T, R/2)``. Returns new tensors shaped
     and typed like ``q`` and ``k``; ``conjugate=True`` rotates by the opposite angles. Validation is the caller's
@@ -317,32 +310,26 @@ def rope_qk(
     return q_out.reshape(q.shape), k_out.reshape(k.shape)
 
 
-def _no_heads(x4: torch.Tensor) -> torch.Tensor:
+def _no_heads(x4: Tensor) -> Tensor:
     return x4[:, :0]
 
 
 def rope(
-    x: torch.Tensor,
-    cos: torch.Tensor,
-    sin: torch.Tensor,
-    layout: str = "half",
-    seq_dim: int = -2,
-    conjugate: bool = False,
-    in_place: bool = False,
-) -> torch.Tensor:
+    x: Tensor, cos: Tensor, sin: Tensor, layout: str = "half", seq_dim: int = -2, in_place: bool = False
+) -> Tensor:
     """One tensor: :func:`rope_qk` with no keys (the launch covers ``x``'s heads only). ``in_place=True``
     overwrites ``x`` (through a view, whatever its strides) and returns it."""
     cos, sin = _tables(cos, sin)
     x4 = _as_heads_first(x, seq_dim)
     if in_place:
-        _rope_qk_inplace_op(x4, _no_heads(x4), cos, sin, layout == "interleaved", conjugate)
+        _rope_qk_inplace_op(x4, _no_heads(x4), cos, sin, layout == "interleaved", False)
         return x
     rotate = _rope_qk_impl if _eager_direct(x, cos) else _rope_qk_op
-    out, _ = rotate(x4, _no_heads(x4), cos, sin, layout == "interleaved", conjugate)
+    out, _ = rotate(x4, _no_heads(x4), cos, sin, layout == "interleaved", False)
     return (out.transpose(-2, -3) if seq_dim == -3 else out).reshape(x.shape)
 
 
-def supports(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> bool:
+def supports(x: Tensor, cos: Tensor, sin: Tensor) -> bool:
     """Shapes the kernel takes: ``x`` at most 4-D, tables ``(T, R/2)`` or ``(B or 1, T, R/2)`` matching ``x``'s batch,
     and tables that need no gradient (the kernel differentiates ``x`` only; learned frequencies take the formula)."""
     if x.ndim > 4 or cos.ndim not in (2, 3) or cos.requires_grad or sin.requires_grad:
@@ -350,6 +337,6 @@ def supports(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> bool:
     return cos.ndim == 2 or (x.ndim == 4 and cos.shape[0] in (1, x.shape[0]))
 
 
-def supports_qk(q: torch.Tensor, k: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> bool:
+def supports_qk(q: Tensor, k: Tensor, cos: Tensor, sin: Tensor) -> bool:
     """:func:`supports` for a pair rotated in one launch: ``k`` on ``q``'s device, in its dtype, with its rank."""
     return k.device == q.device and k.dtype == q.dtype and k.ndim == q.ndim and supports(q, cos, sin)

@@ -39,6 +39,7 @@ from __future__ import annotations
 from typing import TYPE_CHECKING
 
 import torch
+from torch import Tensor
 
 from ._checks import (
     LAYOUTS,
@@ -65,7 +66,7 @@ from .encodings import PositionalEncoding
 from .rope_types import DEFAULT_THETA, ROPE_TYPES, check_rope_parameters, rope_frequencies
 
 
-def pair_indices(head_dim: int, layout: str = "half", device=None) -> torch.Tensor:
+def pair_indices(head_dim: int, layout: str = "half", device=None) -> Tensor:
     """The two feature indices of every rotated pair.
 
     Args:
@@ -83,7 +84,7 @@ def pair_indices(head_dim: int, layout: str = "half", device=None) -> torch.Tens
     return torch.stack((features[first], features[second]), dim=-1)
 
 
-def rope_angles(positions, inv_freq: torch.Tensor) -> torch.Tensor:
+def rope_angles(positions, inv_freq: Tensor) -> Tensor:
     """Angles ``positions * inv_freq`` in float32.
 
     Args:
@@ -100,7 +101,7 @@ def rope_angles(positions, inv_freq: torch.Tensor) -> torch.Tensor:
     return positions[..., None].to(device=inv_freq.device, dtype=torch.float32) * inv_freq.float()
 
 
-def rope_cos_sin(positions, inv_freq: torch.Tensor, attention_factor: float = 1.0) -> tuple[torch.Tensor, torch.Tensor]:
+def rope_cos_sin(positions, inv_freq: Tensor, attention_factor: float = 1.0) -> tuple[Tensor, Tensor]:
     """Half-size float32 tables of :func:`rope_angles`.
 
     Args:
@@ -117,9 +118,7 @@ def rope_cos_sin(positions, inv_freq: torch.Tensor, attention_factor: float = 1.
     return cos_sin_tables(positions, inv_freq, attention_factor)
 
 
-def rope_reference(
-    x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, layout: str = "half", *, seq_dim: int | None = None
-) -> torch.Tensor:
+def rope_reference(x: Tensor, cos: Tensor, sin: Tensor, layout: str = "half", *, seq_dim: int | None = None) -> Tensor:
     """The rotation written plainly in torch: the formula every path of :func:`apply_rope` equals bit for bit.
 
     For each pair ``(x1, x2)`` of the first ``R`` features (pairs as in :func:`pair_indices`) it returns
@@ -139,14 +138,8 @@ def rope_reference(
 
 
 def apply_rope(
-    x: torch.Tensor,
-    cos: torch.Tensor,
-    sin: torch.Tensor,
-    layout: str = "half",
-    *,
-    seq_dim: int | None = None,
-    compiled: bool = False,
-) -> torch.Tensor:
+    x: Tensor, cos: Tensor, sin: Tensor, layout: str = "half", *, seq_dim: int | None = None, compiled: bool = False
+) -> Tensor:
     """Rotate each feature pair of ``x`` by its angle.
 
     Args:
@@ -173,15 +166,15 @@ def apply_rope(
 
 
 def apply_rope_qk(
-    q: torch.Tensor,
-    k: torch.Tensor,
-    cos: torch.Tensor,
-    sin: torch.Tensor,
+    q: Tensor,
+    k: Tensor,
+    cos: Tensor,
+    sin: Tensor,
     layout: str = "half",
     *,
     seq_dim: int | None = None,
     compiled: bool = False,
-) -> tuple[torch.Tensor, torch.Tensor]:
+) -> tuple[Tensor, Tensor]:
     """:func:`apply_rope` of queries and keys with one set of tables, in one call (one kernel launch on CUDA).
 
     Args:
@@ -201,14 +194,8 @@ def apply_rope_qk(
 
 
 def apply_rope_(
-    x: torch.Tensor,
-    cos: torch.Tensor,
-    sin: torch.Tensor,
-    layout: str = "half",
-    *,
-    seq_dim: int | None = None,
-    compiled: bool = False,
-) -> torch.Tensor:
+    x: Tensor, cos: Tensor, sin: Tensor, layout: str = "half", *, seq_dim: int | None = None, compiled: bool = False
+) -> Tensor:
     """:func:`apply_rope` in place: overwrite ``x`` with its rotation and return ``x``.
 
     Args:
@@ -233,7 +220,7 @@ def rotate(
     *,
     seq_dim: int | None = None,
     cu_seqlens=None,
-) -> torch.Tensor:
+) -> Tensor:
     """RoPE in one call: rotate ``x`` at ``positions``.
 
     Args:
@@ -279,7 +266,7 @@ def rotate(
     return apply_rope(x, cos, sin, layout, seq_dim=seq_dim)
 
 
-def rope_matrix(position: float, inv_freq: torch.Tensor, layout: str = "half", head_dim: int | None = None):
+def rope_matrix(position: float, inv_freq: Tensor, layout: str = "half", head_dim: int | None = None):
     """The explicit block-diagonal rotation ``R(position)``: for teaching and testing, not for speed.
 
     Args:
@@ -303,7 +290,7 @@ def rope_matrix(position: float, inv_freq: torch.Tensor, layout: str = "half", h
     return matrix
 
 
-def interleaved_to_half_permutation(head_dim: int, device=None) -> torch.Tensor:
+def interleaved_to_half_permutation(head_dim: int, device=None) -> Tensor:
     """The permutation from the interleaved layout to the half layout.
 
     Args:
@@ -316,7 +303,7 @@ def interleaved_to_half_permutation(head_dim: int, device=None) -> torch.Tensor:
     return pair_indices(head_dim, "interleaved", device=device).T.flatten()
 
 
-def permute_qk_weight(weight: torch.Tensor, n_heads: int, to: str = "half") -> torch.Tensor:
+def permute_qk_weight(weight: Tensor, n_heads: int, to: str = "half") -> Tensor:
     """Reorder the rows of a q or k projection so it feeds the other RoPE layout.
 
     Args:
@@ -378,7 +365,7 @@ class RotaryEmbedding(PositionalEncoding):
 
     kind = "qk"
     _fixed_dtype_buffers = ("inv_freq",)
-    inv_freq: torch.Tensor  # (R/2,) float32, a non-persistent buffer
+    inv_freq: Tensor  # (R/2,) float32, a non-persistent buffer
 
     def __init__(
         self,
@@ -411,16 +398,16 @@ class RotaryEmbedding(PositionalEncoding):
 
         def __call__(
             self,
-            q: torch.Tensor,
-            k: torch.Tensor,
+            q: Tensor,
+            k: Tensor,
             positions=None,
             offset=0,
             *,
             seq_dim: int | None = None,
             cu_seqlens=None,
-        ) -> tuple[torch.Tensor, torch.Tensor]: ...
+        ) -> tuple[Tensor, Tensor]: ...
 
-    def _frequencies_for(self, positions: torch.Tensor, seq_len=None):
+    def _frequencies_for(self, positions: Tensor, seq_len=None):
         # dynamic NTK and LongRoPE pick their table from the length actually reached; rope_parameters were checked
         # once in __init__, so the rope type's function is called directly
         if self._uses_seq_len:
@@ -523,8 +510,8 @@ class RotaryEmbedding(PositionalEncoding):
         return (*self._cos_sin(positions), None)
 
     def forward(
-        self, q: torch.Tensor, k: torch.Tensor, positions=None, offset=0, *, seq_dim: int | None = None, cu_seqlens=None
-    ) -> tuple[torch.Tensor, torch.Tensor]:
+        self, q: Tensor, k: Tensor, positions=None, offset=0, *, seq_dim: int | None = None, cu_seqlens=None
+    ) -> tuple[Tensor, Tensor]:
         """Rotate queries and keys at their positions.
 
         Args:

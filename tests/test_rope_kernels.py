@@ -79,8 +79,9 @@ def test_large_inputs_take_the_kernel_by_default(monkeypatch):
     assert torch.equal(posenc.apply_rope(x, cos, sin), hf_rotation(x, *full))
 
 
-@settings(max_examples=40, deadline=None)
-@given(
+#: Rotations drawn by hypothesis: dtype, layout, rotated pairs, pairs passed through, per-sequence tables, a
+#: (B, T, H, D) input seen as (B, H, T, D), the seed of the values (see rotation_case).
+ROTATION_CASES = dict(
     dtype=st.sampled_from(DTYPES),
     layout=st.sampled_from(LAYOUTS),
     pairs=st.integers(1, 8),
@@ -89,12 +90,22 @@ def test_large_inputs_take_the_kernel_by_default(monkeypatch):
     transposed=st.booleans(),
     seed=st.integers(0, 2**16),
 )
-def test_eager_kernel_is_bit_exact_with_the_formula(dtype, layout, pairs, extra, batch_tables, transposed, seed):
+
+
+def rotation_case(dtype, pairs, extra, length, batch_tables, transposed, seed):
+    """``x`` ``(2, 3, length, D)`` (a transposed view when ``transposed``) and tables ``(length, pairs)`` or
+    ``(2, length, pairs)``."""
     torch.manual_seed(seed)
-    head_dim, length = 2 * (pairs + extra), 5
+    head_dim = 2 * (pairs + extra)
     x = torch.randn(2, length, 3, head_dim).transpose(1, 2) if transposed else torch.randn(2, 3, length, head_dim)
-    x = (4 * x).to(dtype)
     cos, sin = random_tables(*((2, length, pairs) if batch_tables else (length, pairs)))
+    return (4 * x).to(dtype), cos, sin
+
+
+@settings(max_examples=40, deadline=None)
+@given(**ROTATION_CASES)
+def test_eager_kernel_is_bit_exact_with_the_formula(dtype, layout, pairs, extra, batch_tables, transposed, seed):
+    x, cos, sin = rotation_case(dtype, pairs, extra, 5, batch_tables, transposed, seed)
     expected = rope.rope_reference(x, cos, sin, layout, seq_dim=-2)
     result = posenc.apply_rope(x, cos, sin, layout)
     assert result.dtype == dtype and result.shape == x.shape and torch.equal(result, expected)
@@ -275,28 +286,18 @@ def _blocked(x, cos, sin, layout, block, in_place=False):
 
 @settings(max_examples=60, deadline=None)
 @given(
-    dtype=st.sampled_from(DTYPES),
-    layout=st.sampled_from(LAYOUTS),
-    pairs=st.integers(1, 8),
-    extra=st.integers(0, 3),
+    **ROTATION_CASES,
     length=st.integers(1, 23),
-    batch_tables=st.booleans(),
-    transposed=st.booleans(),
     block=st.integers(1, 400),
     run=st.integers(1, 200),
     threads=st.integers(1, 3),
-    seed=st.integers(0, 2**16),
 )
 def test_blocked_kernel_is_bit_exact_for_any_block_size_and_thread_count(
     dtype, layout, pairs, extra, length, batch_tables, transposed, block, run, threads, seed
 ):
     """Blocks that cut through heads and sequences at odd places (tails of every loop), runs of a sequence shared
     by several heads, any intra-op thread count (restored afterwards)."""
-    torch.manual_seed(seed)
-    head_dim = 2 * (pairs + extra)
-    x = torch.randn(2, length, 3, head_dim).transpose(1, 2) if transposed else torch.randn(2, 3, length, head_dim)
-    x = (4 * x).to(dtype)
-    cos, sin = random_tables(*((2, length, pairs) if batch_tables else (length, pairs)))
+    x, cos, sin = rotation_case(dtype, pairs, extra, length, batch_tables, transposed, seed)
     expected = rope.rope_reference(x, cos, sin, layout, seq_dim=-2)
     before, run_before = torch.get_num_threads(), _rope_kernels.RUN_ELEMENTS
     torch.set_num_threads(threads)
