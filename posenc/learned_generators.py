@@ -90,6 +90,8 @@ class _LearnedGenerators(MultiGroupEncoding):
     parameters at every call (subclasses define :meth:`generator_matrices`). Positions are coordinates ``(L, n)``,
     or indices ``(L,)`` into the ``coordinates`` table; with ``n = 1``, plain positions ``(L,)`` are coordinates."""
 
+    coordinates: torch.Tensor | None  # (N, n): the table integer positions index, or None
+
     def __init__(self, head_dim: int, n_axes: int, coordinates: torch.Tensor | None = None):
         nn.Module.__init__(self)  # not MultiGroupEncoding.__init__: the generators are a function, not a tensor
         self.head_dim, self.n_axes = check_head_dim(head_dim), require_int("n_axes", n_axes, minimum=1)

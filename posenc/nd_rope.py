@@ -289,6 +289,7 @@ class NDRoPE(PositionalEncoding):
 
     weights: torch.Tensor  # (P, n_axes) frequencies: a parameter when learnable, else a buffer
     mask: torch.Tensor  # (P, n_axes): which entries are trained
+    coordinates: torch.Tensor | None  # (N, n_axes): the table integer positions index, or None
 
     kind = "qk"
     _fixed_dtype_buffers = ("weights", "coordinates")  # learnable weights are a Parameter: they follow the model
