@@ -351,7 +351,7 @@ class RotaryEmbedding(PositionalEncoding):
     ``(B, 1)`` position ids: one gather of full-width rows), up to ``max(CACHE_LIMIT, max_position_embeddings)``
     positions (``CACHE_LIMIT`` = 65,536); real positions,
     accelerators and traced calls (``torch.compile``, ``torch.export``) compute their tables directly. The cached
-    rows are the direct computation's numbers (tests/test_library_use.py, tests/test_rope_api.py).
+    rows are the direct computation's numbers (tests/test_rope_cache.py).
     Per-sequence offsets (a ``(B,)`` tensor) and packed sequences (``cu_seqlens``) are taken by ``forward``;
     negative positions and offsets are refused (see ``forward``).
     Dynamic NTK and LongRoPE pick their table from ``seq_len``: the declared ``offset + T`` for default positions,

@@ -348,3 +348,25 @@ def test_blocked_gradients_are_bit_exact_with_autograd_of_the_formula(dtype, lay
     (expected,) = torch.autograd.grad(rope.rope_reference(x, cos, sin, layout, seq_dim=-2), x, grad)
     (actual,) = torch.autograd.grad(posenc.apply_rope(x, cos, sin, layout), x, grad)
     assert torch.equal(actual, expected)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16, torch.float16, torch.float64])
+@pytest.mark.parametrize("layout", ["half", "interleaved"])
+def test_small_eager_path_is_the_formula_bit_for_bit(dtype, layout):
+    """A decode-sized input without gradients takes rotate_small (out= into one output, no cat): the formula's
+    products and sums, each rounded as the formula rounds them, so equal bit for bit."""
+    from posenc import _rope_dispatch, rope
+    from posenc._rope_kernels import KERNEL_MIN_NUMEL
+
+    generator = torch.Generator().manual_seed(5)
+    for fraction, batched, seq_dim in ((1.0, False, -2), (0.5, True, -2), (1.0, True, -3)):
+        x = torch.randn(8, 32, 1, 64, generator=generator).to(dtype)
+        inv_freq, _ = posenc.rope_frequencies(64, {"partial_rotary_factor": fraction})
+        positions = torch.arange(8)[:, None] + 1000 if batched else torch.tensor([1000])
+        cos, sin = posenc.rope_cos_sin(positions, inv_freq)
+        if seq_dim == -3:
+            x = x.transpose(1, 2)
+        aligned = [_rope_dispatch.align_table(t, x, seq_dim) for t in (cos, sin)]
+        assert _rope_dispatch.ENGINE._eager_fits(x, *aligned) and x.numel() < KERNEL_MIN_NUMEL
+        expected = rope.rope_reference(x, cos, sin, layout, seq_dim=seq_dim)
+        assert torch.equal(posenc.apply_rope(x, cos, sin, layout, seq_dim=seq_dim), expected)
