@@ -11,6 +11,10 @@ kernel on CPU tensors. Against :func:`posenc.rope.rope_reference`:
   16 bits (rounding toward zero), where a GPU rounds to nearest. So the interpreted kernel's bfloat16 output must
   equal the float32 formula truncated to bfloat16, which checks that the products were taken in float32 and
   rounded once.
+
+Also here: the dispatcher's CUDA branch (bad input refused before it, the same result as the formula, no value
+read on the host), the per-device capability fallback, 64-bit offsets (strides whose products pass 2**31) and
+eager launches that skip the custom op's dispatch.
 """
 
 import os
