@@ -105,7 +105,7 @@ bench-gpu: $(if $(filter $(VENV)/bin/python,$(PY)),$(STAMP))
 ## on a machine with its own torch
 test-gpu: $(if $(filter $(VENV)/bin/python,$(PY)),$(STAMP))
 	@if $(PY) -c "import sys, torch; sys.exit(0 if torch.cuda.is_available() else 1)"; then \
-		$(PY) -m pytest tests/gpu tests/test_triton_rope.py tests/test_rope_api.py -m "gpu or not gpu" -q -p no:cacheprovider; \
+		$(PY) -m pytest tests/gpu tests/test_triton_rope.py tests/test_rope.py -m "gpu or not gpu" -q -p no:cacheprovider; \
 	else echo "test-gpu: no CUDA device on this machine; nothing run (run make test-gpu on a machine with one)"; fi
 
 ## make serve: the built book on http://127.0.0.1:8000 (it also works opened as file://_build/html/index.html)

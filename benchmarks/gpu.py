@@ -40,24 +40,24 @@ SHAPES = {
 }
 QUICK_SHAPES = {"decode (8, 32+8, 1, 128)": (8, 32, 8, 1), "prefill (1, 32+8, 512, 128)": (1, 32, 8, 512)}
 BACKWARD_SHAPES = ("training (4, 32+8, 8192, 128)", "prefill (1, 32+8, 512, 128)")
-LLAMA_1B = dict(
-    vocab_size=128256,
-    hidden_size=2048,
-    intermediate_size=8192,
-    num_hidden_layers=16,
-    num_attention_heads=32,
-    num_key_value_heads=8,
-    head_dim=128,
-    max_position_embeddings=131072,
-    rope_theta=500000.0,
-    rope_scaling={
+LLAMA_1B = {
+    "vocab_size": 128256,
+    "hidden_size": 2048,
+    "intermediate_size": 8192,
+    "num_hidden_layers": 16,
+    "num_attention_heads": 32,
+    "num_key_value_heads": 8,
+    "head_dim": 128,
+    "max_position_embeddings": 131072,
+    "rope_theta": 500000.0,
+    "rope_scaling": {
         "rope_type": "llama3",
         "factor": 32.0,
         "low_freq_factor": 1.0,
         "high_freq_factor": 4.0,
         "original_max_position_embeddings": 8192,
     },
-)
+}
 
 
 def version(distribution: str) -> str | None:
@@ -161,11 +161,10 @@ def contenders(batch, kv_heads, length, dtype, device, compile_peers: bool = Tru
 
 def float64_reference(x, positions, device):
     import posenc
-    from posenc.rope import _rotation_formula
 
     inv_freq, _ = posenc.rope_frequencies(HEAD_DIM, device=device)
     angles = positions.double()[:, None] * inv_freq.double()
-    return _rotation_formula(x.double(), angles.cos(), angles.sin(), "half")
+    return posenc.rope.rope_reference(x.double(), angles.cos(), angles.sin())
 
 
 def kernel_rows(

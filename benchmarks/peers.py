@@ -49,12 +49,12 @@ def posenc_in_place(head_dim, seq_len, dtype, device, compiled=False):
 
 def posenc_into(head_dim, seq_len, dtype, device):
     """posenc's default kernel writing into given buffers (private API: it shows the cost of a fresh output)."""
-    from posenc import rope
+    from posenc._rope_dispatch import ENGINE
 
     cos, sin = posenc_tables(head_dim, seq_len, device)  # (L, D/2): already aligned to any (..., L, D)
     return lambda q, k, out_q, out_k: (
-        rope._ENGINE.rotate_into(out_q, q, cos, sin, "half"),
-        rope._ENGINE.rotate_into(out_k, k, cos, sin, "half"),
+        ENGINE.rotate_into(out_q, q, cos, sin, "half"),
+        ENGINE.rotate_into(out_k, k, cos, sin, "half"),
     )
 
 

@@ -6,8 +6,10 @@ Modules, one concept each, in the order of the chapters:
 * :mod:`posenc.encodings`: the plug-in protocol (:class:`PositionalEncoding`, ``kind``) and :class:`NoPE`;
 * :mod:`posenc.multihead`: attention that takes any plug-in encoding;
 * :mod:`posenc.rope_types`: RoPE frequency tables for every ``rope_type`` (registry and properties table);
-* :mod:`posenc.rope`: the rotation in both layouts, :func:`pair_indices`, weight permutation, :class:`RotaryEmbedding`
-  (the RoPE plug-in); its speed engine is the private ``posenc._rope_kernels``;
+* :mod:`posenc.rope`: the rotation in both layouts and its plain formula (``rope_reference``), :func:`pair_indices`,
+  weight permutation, :class:`RotaryEmbedding` (the RoPE plug-in); its private engines are ``posenc._rope_dispatch``
+  (the one dispatcher), ``_rope_kernels`` (CPU speed), ``_triton_rope`` (CUDA), ``_rope_cache`` (the module's tables)
+  and ``_rope_positions``;
 * :mod:`posenc.rope_analysis`: RoPE's long-range bound, per-pair logits, angle errors;
 * :mod:`posenc.alibi`: ALiBi slopes, biases and its plug-in;
 * :mod:`posenc.nd_rope`: RoPE for 2-D and N-D positions (axial, mixed, M-RoPE) and its plug-in :class:`NDRoPE`;

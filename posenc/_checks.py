@@ -92,7 +92,7 @@ def check_layout(layout: str, name: str = "layout") -> str:
     return layout
 
 
-def _inspectable(tensor: torch.Tensor) -> bool:
+def inspectable(tensor: torch.Tensor) -> bool:
     """Whether checks that read the values may run: not on ``meta``, not while compiling."""
     return tensor.device.type != "meta" and not torch.compiler.is_compiling()
 
@@ -139,6 +139,16 @@ def as_coordinates(name: str, positions, n_axes: int, device=None) -> torch.Tens
             f"got {tuple(positions.shape)}"
         )
     return positions
+
+
+def coordinates_table(coordinates, n_axes: int) -> torch.Tensor | None:
+    """A module's table of coordinates ``(N, n_axes)`` (integer or real, finite), copied; None stays None."""
+    if coordinates is None:
+        return None
+    coordinates = as_coordinates("coordinates", coordinates, n_axes)
+    if coordinates.ndim != 2:
+        raise ValueError(f"coordinates must have shape (N, {n_axes}), got {tuple(coordinates.shape)}")
+    return coordinates.clone()
 
 
 def check_times(name: str, times, device=None, dtype=torch.float64) -> torch.Tensor:

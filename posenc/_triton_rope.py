@@ -3,7 +3,7 @@
 One launch rotates queries and keys (any number of kv heads) with one set of tables: each program reads a block of
 positions of one head, its ``cos``/``sin`` rows, computes ``x1 cos - x2 sin`` and ``x2 cos + x1 sin`` in float32
 (float64 for a float64 input) and writes the result rounded once to the input's dtype: the formula of
-:func:`posenc.rope._rotation_formula`, element for element. Inputs are addressed by their strides, so a
+:func:`posenc.rope.rope_reference`, element for element. Inputs are addressed by their strides, so a
 ``(B, T, H, D)`` tensor, a transposed view or a slice of a fused qkv projection is rotated where it lies, with no
 copy. The backward pass is the same kernel with the sign of ``sin`` flipped (the inverse rotation).
 
@@ -26,6 +26,7 @@ from __future__ import annotations
 import os
 
 import torch
+from torch import Tensor
 
 try:
     import triton
@@ -36,7 +37,6 @@ except ImportError:  # pragma: no cover - exercised where triton is absent
 AVAILABLE = triton is not None
 #: ``POSENC_KERNEL=formula`` turns the Triton path off everywhere (the plain formula runs instead).
 KERNEL_ENV = "POSENC_KERNEL"
-INTERPRETING = os.environ.get("TRITON_INTERPRET") == "1"
 #: The device types the kernel is launched on (the tests add ``"cpu"`` to run the dispatch under the interpreter).
 DEVICE_TYPES = ("cuda",)
 #: The oldest Triton the kernel is run with (``enable_fp_fusion`` as a launch option, int64 index arithmetic).
@@ -92,7 +92,7 @@ def capable(device_type: str, device_index: int | None, dtype: torch.dtype) -> b
     return decision
 
 
-def use_triton(x: torch.Tensor) -> bool:
+def use_triton(x: Tensor) -> bool:
     """Whether :func:`posenc.rope.apply_rope` sends ``x`` to the Triton kernel: a CUDA tensor, Triton importable
     and recent enough, a device that runs ``x``'s dtype (:func:`capable`, cached), and ``POSENC_KERNEL`` not set
     to ``formula``. Decided from the device and dtype alone, never from values."""
@@ -108,50 +108,39 @@ def use_triton(x: torch.Tensor) -> bool:
 if AVAILABLE:
 
     @triton.jit
+    def _rotate_rows(X, OUT, row, out_row, first, second, s_d, so_d, cos, sin, mask, WIDE: tl.constexpr):
+        """Rotate the pairs ``(first, second)`` of a block of rows: ``row``/``out_row`` address each row's start in
+        ``X`` and ``OUT``, ``s_d``/``so_d`` step one feature. The formula's products and sums, each rounded once: the
+        launch turns contraction into FMAs off (``enable_fp_fusion=False``), which the GPU compiler would otherwise
+        do (1 ulp off the formula)."""
+        x1 = tl.load(X + row + first[None, :] * s_d, mask=mask, other=0.0)
+        x2 = tl.load(X + row + second[None, :] * s_d, mask=mask, other=0.0)
+        out_dtype = x1.dtype
+        if WIDE:
+            x1, x2 = x1.to(tl.float64), x2.to(tl.float64)
+        else:
+            x1, x2 = x1.to(tl.float32), x2.to(tl.float32)
+        tl.store(OUT + out_row + first[None, :] * so_d, (x1 * cos - x2 * sin).to(out_dtype), mask=mask)
+        tl.store(OUT + out_row + second[None, :] * so_d, (x2 * cos + x1 * sin).to(out_dtype), mask=mask)
+
+    # fmt: off
+    @triton.jit
     def _rope_kernel(
-        Q,
-        K,
-        COS,
-        SIN,
-        Q_OUT,
-        K_OUT,
-        n_q_heads,
-        n_heads,
-        seq_len,
-        sq_b,
-        sq_h,
-        sq_t,
-        sq_d,
-        sk_b,
-        sk_h,
-        sk_t,
-        sk_d,
-        soq_b,
-        soq_h,
-        soq_t,
-        soq_d,
-        sok_b,
-        sok_h,
-        sok_t,
-        sok_d,
-        sc_b,
-        sc_t,
-        sc_p,
-        HALF: tl.constexpr,
-        INTERLEAVED: tl.constexpr,
-        CONJUGATE: tl.constexpr,
-        WIDE: tl.constexpr,
-        BLOCK_T: tl.constexpr,
-        BLOCK_P: tl.constexpr,
+        Q, K, COS, SIN, Q_OUT, K_OUT, n_q_heads, n_heads, seq_len,
+        sq_b, sq_h, sq_t, sq_d, sk_b, sk_h, sk_t, sk_d,  # q, k: (B, H, T, D) strides
+        soq_b, soq_h, soq_t, soq_d, sok_b, sok_h, sok_t, sok_d,  # their outputs'
+        sc_b, sc_t, sc_p,  # the tables' (B or 1, T, R/2)
+        HALF: tl.constexpr, INTERLEAVED: tl.constexpr, CONJUGATE: tl.constexpr, WIDE: tl.constexpr,
+        BLOCK_T: tl.constexpr, BLOCK_P: tl.constexpr,
     ):
+        # fmt: on
         # program (b * n_heads + head, t block): heads 0 .. n_q_heads-1 are q's, the rest k's. Every index is
         # int64 before it meets a stride, so no offset b * stride_b + head * stride_h + t * stride_t + ... wraps at
         # 2**31 (a (66, 32, 8192, 128) tensor has 2.2e9 elements; each stride alone fits in 32 bits)
         pid_bh = tl.program_id(0).to(tl.int64)
-        pid_t = tl.program_id(1).to(tl.int64)
         b = pid_bh // n_heads
         head = pid_bh % n_heads
-        t = pid_t * BLOCK_T + tl.arange(0, BLOCK_T).to(tl.int64)
+        t = tl.program_id(1).to(tl.int64) * BLOCK_T + tl.arange(0, BLOCK_T).to(tl.int64)
         p = tl.arange(0, BLOCK_P).to(tl.int64)
         mask = (t[:, None] < seq_len) & (p[None, :] < HALF)
         table = b * sc_b + t[:, None] * sc_t + p[None, :] * sc_p
@@ -167,31 +156,12 @@ if AVAILABLE:
         else:
             first, second = p, p + HALF
         if head < n_q_heads:
-            src = Q + b * sq_b + head * sq_h + t[:, None] * sq_t
-            dst = Q_OUT + b * soq_b + head * soq_h + t[:, None] * soq_t
-            src1, src2 = src + first[None, :] * sq_d, src + second[None, :] * sq_d
-            dst1, dst2 = dst + first[None, :] * soq_d, dst + second[None, :] * soq_d
+            row, out_row = b * sq_b + head * sq_h + t[:, None] * sq_t, b * soq_b + head * soq_h + t[:, None] * soq_t
+            _rotate_rows(Q, Q_OUT, row, out_row, first, second, sq_d, soq_d, cos, sin, mask, WIDE)
         else:
             kh = head - n_q_heads
-            src = K + b * sk_b + kh * sk_h + t[:, None] * sk_t
-            dst = K_OUT + b * sok_b + kh * sok_h + t[:, None] * sok_t
-            src1, src2 = src + first[None, :] * sk_d, src + second[None, :] * sk_d
-            dst1, dst2 = dst + first[None, :] * sok_d, dst + second[None, :] * sok_d
-        x1 = tl.load(src1, mask=mask, other=0.0)
-        x2 = tl.load(src2, mask=mask, other=0.0)
-        out_dtype = x1.dtype
-        if WIDE:
-            x1 = x1.to(tl.float64)
-            x2 = x2.to(tl.float64)
-        else:
-            x1 = x1.to(tl.float32)
-            x2 = x2.to(tl.float32)
-        # the formula's products and sums, each rounded once: the launch turns contraction into FMAs off
-        # (enable_fp_fusion=False), which the GPU compiler would otherwise do (1 ulp off the formula)
-        y1 = x1 * cos - x2 * sin
-        y2 = x2 * cos + x1 * sin
-        tl.store(dst1, y1.to(out_dtype), mask=mask)
-        tl.store(dst2, y2.to(out_dtype), mask=mask)
+            row, out_row = b * sk_b + kh * sk_h + t[:, None] * sk_t, b * sok_b + kh * sok_h + t[:, None] * sok_t
+            _rotate_rows(K, K_OUT, row, out_row, first, second, sk_d, sok_d, cos, sin, mask, WIDE)
 
 
 def _block_sizes(seq_len: int, half: int) -> tuple[int, int]:
@@ -237,7 +207,7 @@ def _launch(q, k, cos, sin, q_out, k_out, interleaved: bool, conjugate: bool) ->
     )
 
 
-def _pass_through(source: torch.Tensor, target: torch.Tensor, rotary_dim: int) -> None:
+def _pass_through(source: Tensor, target: Tensor, rotary_dim: int) -> None:
     if source.shape[-1] > rotary_dim:
         target[..., rotary_dim:].copy_(source[..., rotary_dim:])
 
@@ -254,8 +224,8 @@ def _rope_qk_impl(q, k, cos, sin, interleaved: bool, conjugate: bool):
 
 @torch.library.custom_op("posenc::rope_qk", mutates_args=())
 def _rope_qk_op(
-    q: torch.Tensor, k: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, interleaved: bool, conjugate: bool
-) -> tuple[torch.Tensor, torch.Tensor]:
+    q: Tensor, k: Tensor, cos: Tensor, sin: Tensor, interleaved: bool, conjugate: bool
+) -> tuple[Tensor, Tensor]:
     return _rope_qk_impl(q, k, cos, sin, interleaved, conjugate)
 
 
@@ -263,7 +233,7 @@ _functorch_active = getattr(torch._C, "_are_functorch_transforms_active", lambda
 _dispatch_modes = getattr(torch._C, "_len_torch_dispatch_stack", lambda: 1)
 
 
-def _eager_direct(*tensors: torch.Tensor) -> bool:
+def _eager_direct(*tensors: Tensor) -> bool:
     """Whether a call may launch the kernel directly instead of through the custom op (whose dispatch costs about
     25 us of host time per eager call): plain tensors on a kernel device, nothing for autograd to record, and no
     tracing (``torch.compile``, ``torch.export``), functorch transform or dispatch mode (FakeTensorMode, ...),
@@ -300,9 +270,7 @@ _rope_qk_op.register_autograd(_backward, setup_context=_setup_context)
 
 
 @torch.library.custom_op("posenc::rope_qk_", mutates_args=("q", "k"))
-def _rope_qk_inplace_op(
-    q: torch.Tensor, k: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, interleaved: bool, conjugate: bool
-) -> None:
+def _rope_qk_inplace_op(q: Tensor, k: Tensor, cos: Tensor, sin: Tensor, interleaved: bool, conjugate: bool) -> None:
     # each program reads its two features before it writes them, and no two programs share a feature
     _launch(q, k, cos, sin, q, k, interleaved, conjugate)
 
@@ -312,7 +280,7 @@ def _(q, k, cos, sin, interleaved, conjugate):
     return None
 
 
-def _as_heads_first(x: torch.Tensor, seq_dim: int) -> torch.Tensor:
+def _as_heads_first(x: Tensor, seq_dim: int) -> Tensor:
     """A ``(B, H, T, D)`` view of ``x`` (``(B, H, T, D)`` for ``seq_dim=-2``, ``(B, T, H, D)`` for ``-3``; missing
     leading axes are added as views)."""
     while x.ndim < 4:
@@ -320,21 +288,15 @@ def _as_heads_first(x: torch.Tensor, seq_dim: int) -> torch.Tensor:
     return x.transpose(-2, -3) if seq_dim == -3 else x
 
 
-def _tables(cos: torch.Tensor, sin: torch.Tensor):
+def _tables(cos: Tensor, sin: Tensor):
     if cos.ndim == 2:
         cos, sin = cos[None], sin[None]
     return cos.float(), sin.float()
 
 
 def rope_qk(
-    q: torch.Tensor,
-    k: torch.Tensor,
-    cos: torch.Tensor,
-    sin: torch.Tensor,
-    layout: str = "half",
-    seq_dim: int = -2,
-    conjugate: bool = False,
-) -> tuple[torch.Tensor, torch.Tensor]:
+    q: Tensor, k: Tensor, cos: Tensor, sin: Tensor, layout: str = "half", seq_dim: int = -2, conjugate: bool = False
+) -> tuple[Tensor, Tensor]:
     """Rotate ``q`` and ``k`` in one launch: ``(..., H, T, D)`` (``seq_dim=-2``) or ``(..., T, H, D)``
     (``seq_dim=-3``), up to 4-D, with ``cos``/``sin`` ``(T, R/2)`` or ``(B, T, R/2)``. Returns new tensors shaped
     and typed like ``q`` and ``k``; ``conjugate=True`` rotates by the opposite angles. Validation is the caller's
@@ -348,42 +310,26 @@ def rope_qk(
     return q_out.reshape(q.shape), k_out.reshape(k.shape)
 
 
-def _no_heads(x4: torch.Tensor) -> torch.Tensor:
+def _no_heads(x4: Tensor) -> Tensor:
     return x4[:, :0]
 
 
 def rope(
-    x: torch.Tensor,
-    cos: torch.Tensor,
-    sin: torch.Tensor,
-    layout: str = "half",
-    seq_dim: int = -2,
-    conjugate: bool = False,
-) -> torch.Tensor:
-    """One tensor, out of place: :func:`rope_qk` with no keys (the launch covers ``x``'s heads only)."""
+    x: Tensor, cos: Tensor, sin: Tensor, layout: str = "half", seq_dim: int = -2, in_place: bool = False
+) -> Tensor:
+    """One tensor: :func:`rope_qk` with no keys (the launch covers ``x``'s heads only). ``in_place=True``
+    overwrites ``x`` (through a view, whatever its strides) and returns it."""
     cos, sin = _tables(cos, sin)
     x4 = _as_heads_first(x, seq_dim)
+    if in_place:
+        _rope_qk_inplace_op(x4, _no_heads(x4), cos, sin, layout == "interleaved", False)
+        return x
     rotate = _rope_qk_impl if _eager_direct(x, cos) else _rope_qk_op
-    out, _ = rotate(x4, _no_heads(x4), cos, sin, layout == "interleaved", conjugate)
+    out, _ = rotate(x4, _no_heads(x4), cos, sin, layout == "interleaved", False)
     return (out.transpose(-2, -3) if seq_dim == -3 else out).reshape(x.shape)
 
 
-def rope_(
-    x: torch.Tensor,
-    cos: torch.Tensor,
-    sin: torch.Tensor,
-    layout: str = "half",
-    seq_dim: int = -2,
-    conjugate: bool = False,
-) -> torch.Tensor:
-    """One tensor, in place."""
-    cos, sin = _tables(cos, sin)
-    x4 = _as_heads_first(x, seq_dim)
-    _rope_qk_inplace_op(x4, _no_heads(x4), cos, sin, layout == "interleaved", conjugate)
-    return x
-
-
-def supports(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> bool:
+def supports(x: Tensor, cos: Tensor, sin: Tensor) -> bool:
     """Shapes the kernel takes: ``x`` at most 4-D, tables ``(T, R/2)`` or ``(B or 1, T, R/2)`` matching ``x``'s batch,
     and tables that need no gradient (the kernel differentiates ``x`` only; learned frequencies take the formula)."""
     if x.ndim > 4 or cos.ndim not in (2, 3) or cos.requires_grad or sin.requires_grad:
@@ -391,24 +337,6 @@ def supports(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> bool:
     return cos.ndim == 2 or (x.ndim == 4 and cos.shape[0] in (1, x.shape[0]))
 
 
-def supports_qk(q: torch.Tensor, k: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> bool:
+def supports_qk(q: Tensor, k: Tensor, cos: Tensor, sin: Tensor) -> bool:
     """:func:`supports` for a pair rotated in one launch: ``k`` on ``q``'s device, in its dtype, with its rank."""
     return k.device == q.device and k.dtype == q.dtype and k.ndim == q.ndim and supports(q, cos, sin)
-
-
-def rope_qk_(
-    q: torch.Tensor,
-    k: torch.Tensor,
-    cos: torch.Tensor,
-    sin: torch.Tensor,
-    layout: str = "half",
-    seq_dim: int = -2,
-    conjugate: bool = False,
-) -> tuple[torch.Tensor, torch.Tensor]:
-    """:func:`rope_qk` in place: ``q`` and ``k`` are overwritten (through views, whatever their strides) and
-    returned."""
-    cos, sin = _tables(cos, sin)
-    _rope_qk_inplace_op(
-        _as_heads_first(q, seq_dim), _as_heads_first(k, seq_dim), cos, sin, layout == "interleaved", conjugate
-    )
-    return q, k

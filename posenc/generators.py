@@ -22,11 +22,11 @@ from __future__ import annotations
 import torch
 
 from ._checks import (
-    _inspectable,
     check_frequencies,
     check_generator,
     check_head_dim,
     check_inv_freq,
+    inspectable,
     require_int,
     require_positive_number,
     require_tensor,
@@ -48,7 +48,7 @@ def plane_generator(head_dim: int, planes: torch.Tensor, speeds: torch.Tensor) -
     if planes.ndim != 2 or planes.shape[-1] != 2 or speeds.shape != planes.shape[:1]:
         raise ValueError(f"planes must be (n, 2) and speeds (n,), got {tuple(planes.shape)} and {tuple(speeds.shape)}")
     valid = (planes >= 0).all() & (planes < head_dim).all() & (planes[:, 0] != planes[:, 1]).all()
-    if _inspectable(planes) and not bool(valid):  # no values to check on meta
+    if inspectable(planes) and not bool(valid):  # no values to check on meta
         raise ValueError(f"planes must hold two different feature indices in [0, {head_dim}) per row")
     generator = torch.zeros(head_dim, head_dim, dtype=torch.float64, device=speeds.device)
     a, b = planes[:, 0].to(speeds.device), planes[:, 1].to(speeds.device)
@@ -289,19 +289,9 @@ def window_bias_generator(bias: torch.Tensor):
 TORUS_TOL = 1e-8
 
 
-def common_torus(generators: torch.Tensor, tol: float = TORUS_TOL, seed: int = 0):
-    """One orthogonal basis that block-diagonalises commuting skew-symmetric generators ``(n, D, D)``.
-
-    Returns ``(basis (D, D), frequencies (n, P))``, float64, with ``P`` planes: ``X_i = Q B_i Q^T`` where ``B_i``
-    has ``frequencies[i, j] * [[0, -1], [1, 0]]`` on the plane of columns ``2j, 2j + 1`` of ``Q`` and zeros on the
-    remaining ``D - 2P`` columns (the common kernel). So ``exp(sum_i p_i X_i)`` turns plane ``j`` by the angle
-    ``<w_j, p>`` with ``w_j = frequencies[:, j]``: a linear functional of ``p`` per plane (the maximal-torus theorem).
-
-    Method: the planes of a generic combination ``Z = sum_i c_i X_i`` (random ``c``, ``seed``) are the 2-D
-    eigenspaces of the symmetric ``-Z^2 = Z^T Z``; each is ``span(v, Z v / |Z v|)``. ``ValueError`` if a generator is
-    not skew, the generators do not commute, or the result is not block diagonal within ``tol`` (two planes whose
-    frequencies under ``Z`` nearly coincide; try another ``seed``).
-    """
+def _skew_stack(generators: torch.Tensor, tol: float) -> tuple[torch.Tensor, torch.Tensor]:
+    """Generators ``(n, D, D)`` checked skew-symmetric (within ``tol``) and commuting, as float64, with their
+    Frobenius norms ``(n,)``."""
     require_tensor("generators", generators)
     if generators.ndim != 3 or generators.shape[-1] != generators.shape[-2]:
         raise ValueError(f"generators must have shape (n, D, D), got shape {tuple(generators.shape)}")
@@ -311,9 +301,13 @@ def common_torus(generators: torch.Tensor, tol: float = TORUS_TOL, seed: int = 0
         if torch.linalg.matrix_norm(x[i] + x[i].T) > tol * norms[i]:
             raise ValueError(f"generators[{i}] must be skew-symmetric (X^T = -X within tol = {tol:g})")
     check_commuting(x)
-    dim = x.shape[-1]
-    c = torch.rand(x.shape[0], dtype=torch.float64, generator=torch.Generator().manual_seed(seed)) + 0.5
-    z = torch.einsum("n,nij->ij", c / norms.clamp(min=torch.finfo(torch.float64).tiny), x)
+    return x, norms
+
+
+def _planes_and_kernel(z: torch.Tensor, tol: float) -> tuple[torch.Tensor, int]:
+    """An orthonormal basis ``(D, D)`` for a skew ``z``: its planes ``(v, z v / |z v|)`` (the 2-D eigenspaces of
+    ``-z^2``, largest first) then its kernel; and the number of planes."""
+    dim = z.shape[-1]
     squares, vectors = torch.linalg.eigh(z.T @ z)  # ascending w_j^2, each (ideally) twice
     scale = squares[-1].clamp(min=torch.finfo(torch.float64).tiny)
     columns, used = [], torch.zeros(dim, dtype=torch.bool)
@@ -339,6 +333,26 @@ def common_torus(generators: torch.Tensor, tol: float = TORUS_TOL, seed: int = 0
         raise ValueError(
             f"could not split R^{dim} into planes and a kernel (found {basis.shape[1]} directions); try another seed"
         )
+    return basis, planes
+
+
+def common_torus(generators: torch.Tensor, tol: float = TORUS_TOL, seed: int = 0):
+    """One orthogonal basis that block-diagonalises commuting skew-symmetric generators ``(n, D, D)``.
+
+    Returns ``(basis (D, D), frequencies (n, P))``, float64, with ``P`` planes: ``X_i = Q B_i Q^T`` where ``B_i``
+    has ``frequencies[i, j] * [[0, -1], [1, 0]]`` on the plane of columns ``2j, 2j + 1`` of ``Q`` and zeros on the
+    remaining ``D - 2P`` columns (the common kernel). So ``exp(sum_i p_i X_i)`` turns plane ``j`` by the angle
+    ``<w_j, p>`` with ``w_j = frequencies[:, j]``: a linear functional of ``p`` per plane (the maximal-torus theorem).
+
+    Method: the planes of a generic combination ``Z = sum_i c_i X_i`` (random ``c``, ``seed``) are the 2-D
+    eigenspaces of the symmetric ``-Z^2 = Z^T Z``; each is ``span(v, Z v / |Z v|)``. ``ValueError`` if a generator is
+    not skew, the generators do not commute, or the result is not block diagonal within ``tol`` (two planes whose
+    frequencies under ``Z`` nearly coincide; try another ``seed``).
+    """
+    x, norms = _skew_stack(generators, tol)
+    c = torch.rand(x.shape[0], dtype=torch.float64, generator=torch.Generator().manual_seed(seed)) + 0.5
+    z = torch.einsum("n,nij->ij", c / norms.clamp(min=torch.finfo(torch.float64).tiny), x)
+    basis, planes = _planes_and_kernel(z, tol)
     blocks = basis.T @ x @ basis
     first, second = torch.arange(0, 2 * planes, 2), torch.arange(1, 2 * planes, 2)
     frequencies = (blocks[:, second, first] - blocks[:, first, second]) / 2

@@ -28,7 +28,7 @@ import math
 import torch
 from torch import nn
 
-from ._checks import _inspectable, as_positions, check_generator, check_times, require_tensor
+from ._checks import as_positions, check_generator, check_times, inspectable, require_tensor
 from .encodings import PositionalEncoding
 
 #: Relative tolerance of :func:`check_commuting`: ``||[X_i, X_j]|| <= COMMUTING_TOL * ||X_i|| ||X_j||``.
@@ -78,7 +78,7 @@ def _exp_times(generator: torch.Tensor, times: torch.Tensor) -> torch.Tensor:
     """``exp(t X)`` for ``generator`` ``(*G, D, D)`` and ``times`` ``(*T)``: ``(*G, *T, D, D)``."""
     dtype = _work_dtype(generator, times)
     generator = generator.to(dtype)
-    if not _inspectable(times):
+    if not inspectable(times):
         return _exp_each(generator, times.to(device=generator.device, dtype=dtype))
     integer = not times.is_floating_point() or bool((times == times.round()).all())
     times = times.to(device=generator.device, dtype=dtype)
@@ -111,7 +111,7 @@ def check_commuting(generators: torch.Tensor, tol: float = COMMUTING_TOL) -> tor
     require_tensor("generators", generators)
     if generators.ndim != 3:
         raise ValueError(f"generators must have shape (n, D, D), got shape {tuple(generators.shape)}")
-    if not _inspectable(generators):  # no values to check on meta
+    if not inspectable(generators):  # no values to check on meta
         return generators
     norms = torch.linalg.matrix_norm(generators.double())
     for i in range(generators.shape[0]):
@@ -202,7 +202,7 @@ def _check_qk(name: str, x, head_dim: int, positions: torch.Tensor, per_head: in
 
 def _shared_rows(positions: torch.Tensor) -> torch.Tensor:
     """``(B, L)`` positions whose rows are all equal (the usual case) -> ``(L,)``: one map per position, not B."""
-    if positions.ndim == 2 and _inspectable(positions) and bool((positions == positions[:1]).all()):
+    if positions.ndim == 2 and inspectable(positions) and bool((positions == positions[:1]).all()):
         return positions[0]
     return positions
 
@@ -256,7 +256,7 @@ class GroupEncoding(_MapsEncoding):
         """``F(t)`` for ``positions`` ``(*P)``: ``(*P, D, D)``, or ``(H, L, D, D)`` / ``(B, H, L, D, D)`` per head."""
         positions = as_positions("positions", positions, device=self.generator.device)
         # one exponential per distinct time (when the values may be inspected)
-        times, inverse = torch.unique(positions, return_inverse=True) if _inspectable(positions) else (positions, None)
+        times, inverse = torch.unique(positions, return_inverse=True) if inspectable(positions) else (positions, None)
         maps = _exp_times(self.generator, sign * times.to(_work_dtype(self.generator, times)))
         per_head = self.generator.ndim == 3  # maps (H, *P, D, D) -> ([B,] H, L, D, D)
         if inverse is not None:

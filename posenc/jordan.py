@@ -243,6 +243,31 @@ def _eigenvalues_and_departure(x: torch.Tensor) -> tuple[torch.Tensor, float]:
     return values, torch.linalg.matrix_norm(schur - torch.diag_embed(schur.diagonal())).item()
 
 
+def _real_blocks(
+    found: list[tuple[complex, dict[int, int]]], resolution: float, dim: int, tol: float
+) -> list[JordanBlock]:
+    """The blocks of the real Jordan form from eigenvalues ``mu`` with their Jordan sizes: parts within
+    ``resolution`` of zero set to zero, conjugate pairs reported once (``w > 0``), equal eigenvalues merged; sorted
+    by family. ValueError if they do not cover all ``dim`` dimensions."""
+    counts: dict[tuple[complex, int], int] = {}
+    for mu, sizes in found:
+        mu = complex(0.0 if abs(mu.real) <= resolution else mu.real, 0.0 if abs(mu.imag) <= resolution else mu.imag)
+        if mu.imag < 0:
+            continue  # the conjugate partner is reported once, with w > 0
+        for size, count in sizes.items():
+            key = next((k for k in counts if k[1] == size and abs(k[0] - mu) <= resolution), (mu, size))
+            counts[key] = counts.get(key, 0) + count
+    blocks = [JordanBlock(family_of(mu, size), mu, size, count) for (mu, size), count in counts.items()]
+    covered = sum(block.real_size * block.multiplicity for block in blocks)
+    if covered != dim:
+        raise ValueError(
+            f"the blocks found cover {covered} of {dim} dimensions: the generator is too close to a "
+            f"boundary between Jordan structures for tol={tol:g}; try another tol"
+        )
+    order = list(FAMILIES)
+    return sorted(blocks, key=lambda b: (order.index(b.family), b.size, b.eigenvalue.imag, b.eigenvalue.real))
+
+
 def classify_generator(generator: torch.Tensor, tol: float | None = None) -> list[JordanBlock]:
     """The real Jordan form of ``generator`` ``(D, D)`` as a list of :class:`JordanBlock`, one per family entry.
 
@@ -290,23 +315,7 @@ def classify_generator(generator: torch.Tensor, tol: float | None = None) -> lis
         radius = torch.where(exact, 0.0, LINK_SAFETY * torch.finfo(generator.dtype).eps * scale * kappa)
         links = torch.maximum(radius[:, None], radius[None, :]).clamp(min=tol * scale)
         _resolve(x, values, links, list(range(dim)), 0.1 * scale, tol * scale, tol, found)
-    counts: dict[tuple[complex, int], int] = {}
-    for mu, sizes in found:
-        mu = complex(0.0 if abs(mu.real) <= resolution else mu.real, 0.0 if abs(mu.imag) <= resolution else mu.imag)
-        if mu.imag < 0:
-            continue  # the conjugate partner is reported once, with w > 0
-        for size, count in sizes.items():
-            key = next((k for k in counts if k[1] == size and abs(k[0] - mu) <= resolution), (mu, size))
-            counts[key] = counts.get(key, 0) + count
-    blocks = [JordanBlock(family_of(mu, size), mu, size, count) for (mu, size), count in counts.items()]
-    covered = sum(block.real_size * block.multiplicity for block in blocks)
-    if covered != dim:
-        raise ValueError(
-            f"the blocks found cover {covered} of {dim} dimensions: the generator is too close to a "
-            f"boundary between Jordan structures for tol={tol:g}; try another tol"
-        )
-    order = list(FAMILIES)
-    return sorted(blocks, key=lambda b: (order.index(b.family), b.size, b.eigenvalue.imag, b.eigenvalue.real))
+    return _real_blocks(found, resolution, dim, tol)
 
 
 def families(blocks: list[JordanBlock]) -> dict[str, int]:

@@ -35,10 +35,10 @@ from __future__ import annotations
 import torch
 from torch import nn
 
-from ._checks import as_coordinates, check_head_dim, require_int, require_tensor
+from ._checks import as_coordinates, check_head_dim, coordinates_table, require_int, require_tensor
 from .generators import rope_generators
 from .group_encodings import MultiGroupEncoding, commutator, multi_parameter_group
-from .nd_rope import DEFAULT_BASE, NDRoPE, indexed_coordinates
+from .nd_rope import NDRoPE, indexed_coordinates
 
 COMROPE_VARIANTS = ("ap", "ld")
 
@@ -90,17 +90,13 @@ class _LearnedGenerators(MultiGroupEncoding):
     parameters at every call (subclasses define :meth:`generator_matrices`). Positions are coordinates ``(L, n)``,
     or indices ``(L,)`` into the ``coordinates`` table; with ``n = 1``, plain positions ``(L,)`` are coordinates."""
 
+    coordinates: torch.Tensor | None  # (N, n): the table integer positions index, or None
+
     def __init__(self, head_dim: int, n_axes: int, coordinates: torch.Tensor | None = None):
         nn.Module.__init__(self)  # not MultiGroupEncoding.__init__: the generators are a function, not a tensor
         self.head_dim, self.n_axes = check_head_dim(head_dim), require_int("n_axes", n_axes, minimum=1)
         self.check, self.tol = False, None  # type: ignore[assignment]  # no generator tensor to check
-        if coordinates is not None:
-            coordinates = as_coordinates("coordinates", coordinates, n_axes)
-            if coordinates.ndim != 2:
-                raise ValueError(f"coordinates must have shape (N, {n_axes}), got {tuple(coordinates.shape)}")
-            self.register_buffer("coordinates", coordinates.clone(), persistent=False)
-        else:
-            self.coordinates = None
+        self.register_buffer("coordinates", coordinates_table(coordinates, n_axes), persistent=False)
 
     def generator_matrices(self) -> torch.Tensor:
         """The generators ``(n, D, D)`` (differentiable in the parameters)."""
@@ -210,26 +206,17 @@ class LieRE(_LearnedGenerators):
 class CayleySTRING(NDRoPE):
     """Cayley-STRING as a "qk" plug-in: ``R(p) = P^T RoPE(p) P``, ``P`` the Cayley transform of a learned skew matrix.
 
-    The RoPE part is :class:`posenc.nd_rope.NDRoPE` (same arguments; ``variant="mixed"``, learnable frequencies by
-    default); ``P`` ``(D, D)`` starts at the identity (``S = 0``) unless ``scale > 0`` draws ``S`` at random. Queries
-    and keys are both mapped by ``R(p)``, so the logit is ``(P q)^T RoPE(p' - p) (P k)``: relative, and the same as
-    N-D RoPE applied to projections with ``P`` folded in (:func:`fold_into_projection`).
+    The RoPE part is :class:`posenc.nd_rope.NDRoPE` (same arguments, those after ``variant`` by keyword;
+    ``variant="mixed"``, learnable frequencies by default); ``P`` ``(D, D)`` starts at the identity (``S = 0``)
+    unless ``scale > 0`` draws ``S`` at random. Queries and keys are both mapped by ``R(p)``, so the logit is
+    ``(P q)^T RoPE(p' - p) (P k)``: relative, and the same as N-D RoPE applied to projections with ``P`` folded in
+    (:func:`fold_into_projection`).
     """
 
-    def __init__(
-        self,
-        head_dim: int,
-        n_axes: int = 2,
-        variant: str = "mixed",
-        base: float = DEFAULT_BASE,
-        coordinates: torch.Tensor | None = None,
-        learnable: bool | None = None,
-        layout: str = "half",
-        scale: float = 0.0,
-        generator=None,
-    ):
-        super().__init__(head_dim, n_axes, variant, base, coordinates, learnable, layout, generator)
-        self.raw_skew = nn.Parameter(scale * torch.randn(head_dim, head_dim, generator=generator))
+    def __init__(self, head_dim: int, n_axes: int = 2, variant: str = "mixed", *, scale: float = 0.0, **options):
+        # options: NDRoPE's other (keyword) arguments: base, coordinates, learnable, layout, generator, seq_dim
+        super().__init__(head_dim, n_axes, variant, **options)
+        self.raw_skew = nn.Parameter(scale * torch.randn(head_dim, head_dim, generator=options.get("generator")))
 
     @property
     def orthogonal(self) -> torch.Tensor:

@@ -70,6 +70,25 @@ def attention(
         >>> out.shape
         torch.Size([1, 2, 6, 8])
     """
+    _check_qkv(q, k, v)
+    encoding = _check_encoding(encoding)
+    if encoding.kind == "input":
+        raise ValueError("an 'input' encoding acts on token embeddings; use self_attention(x, ...) for it")
+    q_positions, k_positions = _positions(q, k, q_positions, k_positions)
+    allowed = None
+    if causal:
+        allowed = q_positions[..., :, None] >= k_positions[..., None, :]
+        while allowed.ndim < 4:
+            allowed = allowed.unsqueeze(-3)
+    logits = _logits(encoding, q, k, q_positions, k_positions, hidden, allowed)
+    if allowed is not None:  # causal
+        logits = logits.masked_fill(~allowed, float("-inf"))
+    weights = torch.softmax(logits, dim=-1)
+    out = weights @ v
+    return (out, weights) if return_weights else out
+
+
+def _check_qkv(q, k, v) -> None:
     for name, t in (("q", q), ("k", k), ("v", v)):
         require_tensor(name, t)
         if t.ndim != 4:
@@ -78,9 +97,10 @@ def attention(
         raise ValueError(f"q and k must share the head dimension, got {q.shape[-1]} and {k.shape[-1]}")
     if k.shape[-2] != v.shape[-2]:
         raise ValueError(f"k and v must have the same length, got {k.shape[-2]} and {v.shape[-2]}")
-    encoding = _check_encoding(encoding)
-    if encoding.kind == "input":
-        raise ValueError("an 'input' encoding acts on token embeddings; use self_attention(x, ...) for it")
+
+
+def _positions(q, k, q_positions, k_positions) -> tuple[torch.Tensor, torch.Tensor]:
+    """Checked positions ``(Lq,)``/``(Lk,)`` or batched; default keys ``arange(Lk)`` and queries the last ``Lq``."""
     lq, lk = q.shape[-2], k.shape[-2]
     if k_positions is None:
         k_positions = torch.arange(lk, device=k.device)
@@ -92,29 +112,25 @@ def attention(
         raise ValueError(
             f"q_positions/k_positions must have lengths {lq}/{lk}, got {q_positions.shape[-1]}/{k_positions.shape[-1]}"
         )
+    return q_positions, k_positions
 
-    allowed = None
-    if causal:
-        allowed = q_positions[..., :, None] >= k_positions[..., None, :]
-        while allowed.ndim < 4:
-            allowed = allowed.unsqueeze(-3)
+
+def _logits(encoding, q, k, q_positions, k_positions, hidden, allowed) -> torch.Tensor:
+    """The logits ``(B, H, Lq, Lk)`` before the causal mask: the content encoding's own, or the scaled dot products
+    of the encoded ``q`` and ``k`` plus the encoding's bias."""
     if encoding.kind == "content":
+        lk = k.shape[-2]
         if hidden is not None:
             require_tensor("hidden", hidden)
             if hidden.ndim != 3 or hidden.shape[1] != lk:
                 raise ValueError(f"hidden must have shape (B, Lk, d_model) with Lk = {lk}, got {tuple(hidden.shape)}")
-        logits = encoding.content_logits(q, k, hidden=hidden, allowed=allowed)
-    else:
-        q, k = encoding.encode_qk(q, k, q_positions, k_positions)
-        logits = (q @ k.transpose(-1, -2)) / math.sqrt(q.shape[-1])
-        bias = encoding.logit_bias(q_positions, k_positions)
-        if bias is not None:
-            logits = logits + bias.to(logits.dtype)
-    if allowed is not None:  # causal
-        logits = logits.masked_fill(~allowed, float("-inf"))
-    weights = torch.softmax(logits, dim=-1)
-    out = weights @ v
-    return (out, weights) if return_weights else out
+        return encoding.content_logits(q, k, hidden=hidden, allowed=allowed)
+    q, k = encoding.encode_qk(q, k, q_positions, k_positions)
+    logits = (q @ k.transpose(-1, -2)) / math.sqrt(q.shape[-1])
+    bias = encoding.logit_bias(q_positions, k_positions)
+    if bias is not None:
+        logits = logits + bias.to(logits.dtype)
+    return logits
 
 
 def split_heads(x: torch.Tensor, n_heads: int) -> torch.Tensor:

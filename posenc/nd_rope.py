@@ -33,6 +33,7 @@ from ._checks import (
     check_head_dim,
     check_layout,
     check_seq_dim,
+    coordinates_table,
     require_int,
     require_positive_number,
     require_tensor,
@@ -288,6 +289,7 @@ class NDRoPE(PositionalEncoding):
 
     weights: torch.Tensor  # (P, n_axes) frequencies: a parameter when learnable, else a buffer
     mask: torch.Tensor  # (P, n_axes): which entries are trained
+    coordinates: torch.Tensor | None  # (N, n_axes): the table integer positions index, or None
 
     kind = "qk"
     _fixed_dtype_buffers = ("weights", "coordinates")  # learnable weights are a Parameter: they follow the model
@@ -323,13 +325,7 @@ class NDRoPE(PositionalEncoding):
             self.weights = torch.nn.Parameter(initial)
         else:
             self.register_buffer("weights", initial, persistent=True)
-        if coordinates is not None:
-            require_tensor("coordinates", coordinates)
-            if coordinates.ndim != 2 or coordinates.shape[-1] != n_axes:
-                raise ValueError(f"coordinates must have shape (N, {n_axes}), got {tuple(coordinates.shape)}")
-            self.register_buffer("coordinates", coordinates.clone(), persistent=False)
-        else:
-            self.coordinates = None
+        self.register_buffer("coordinates", coordinates_table(coordinates, n_axes), persistent=False)
 
     @property
     def frequencies(self) -> torch.Tensor:

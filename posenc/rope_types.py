@@ -82,7 +82,7 @@ def dynamic_frequencies(head_dim, rope_parameters, max_position_embeddings, seq_
     dim = _rotary_dim(head_dim, rope_parameters)
     if isinstance(seq_len, torch.Tensor):
         # the same arithmetic on a 0-d float64 tensor (Python floats are doubles): no host sync, traceable, and
-        # the same table bit for bit (tests/test_library_use.py)
+        # the same table bit for bit (tests/test_rope.py)
         length = seq_len.to(device=device, dtype=torch.float64).clamp(min=max_position_embeddings)
         scaled = base * ((factor * length / max_position_embeddings) - (factor - 1)) ** (dim / (dim - 2))
         return _geometric_inv_freq(scaled.float(), dim, device), 1.0

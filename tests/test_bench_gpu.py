@@ -16,33 +16,28 @@ def test_without_cuda_one_line_and_exit_zero(monkeypatch, capsys, tmp_path):
     assert len(out) == 1 and "no CUDA device" in out[0] and not (tmp_path / "out.json").exists()
 
 
-def test_kernel_rows_run_on_the_cpu_with_stand_in_timers():
-    rows = gpu.kernel_rows(
+def cpu_kernel_rows(dtype, backward):
+    """The kernel part at a tiny shape on the CPU, its timers stood in for (every contender still runs)."""
+    return gpu.kernel_rows(
         "tiny",
         (2, 4, 2, 3),
-        torch.float32,
+        dtype,
         torch.device("cpu"),
-        backward=False,
+        backward=backward,
         quick=True,
         compile_peers=False,
         timer=lambda f: (f() and 1.0, "stand-in"),
         host_timer=lambda f: 2.0,
     )
+
+
+def test_kernel_rows_run_on_the_cpu_with_stand_in_timers():
+    rows = cpu_kernel_rows(torch.float32, backward=False)
     assert {"copy", "posenc"} <= set(rows)
     assert rows["posenc"]["fraction_of_copy"] == 1.0 and rows["posenc"]["max_abs_error_vs_float64"] < 1e-5
     if "transformers eager" in rows:
         assert rows["transformers eager"]["max_abs_error_vs_float64"] < 1e-5
-    backward = gpu.kernel_rows(
-        "tiny",
-        (2, 4, 2, 3),
-        torch.bfloat16,
-        torch.device("cpu"),
-        backward=True,
-        quick=True,
-        compile_peers=False,
-        timer=lambda f: (f() and 1.0, "stand-in"),
-        host_timer=lambda f: 2.0,
-    )
+    backward = cpu_kernel_rows(torch.bfloat16, backward=True)
     assert all("error" not in row for row in backward.values()), backward
     json.dumps(rows)
 

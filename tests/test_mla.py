@@ -157,20 +157,9 @@ YARN = {
     ids=["q-proj", "q-lora", "half-layout", "yarn"],
 )
 def test_equals_transformers_deepseek_v3_attention_bit_for_bit(q_lora_rank, interleave, rope_parameters):
-    sizes = dict(
-        hidden_size=32,
-        num_attention_heads=4,
-        num_key_value_heads=4,
-        q_lora_rank=q_lora_rank,
-        kv_lora_rank=8,
-        qk_rope_head_dim=4,
-        qk_nope_head_dim=6,
-        v_head_dim=5,
-        max_position_embeddings=64,
-        rope_interleave=interleave,
-        num_hidden_layers=1,
-        vocab_size=16,
-    )
+    model = dict(hidden_size=32, num_hidden_layers=1, vocab_size=16, max_position_embeddings=64)
+    heads = dict(num_attention_heads=4, num_key_value_heads=4, qk_rope_head_dim=4, qk_nope_head_dim=6, v_head_dim=5)
+    sizes = dict(**model, **heads, q_lora_rank=q_lora_rank, kv_lora_rank=8, rope_interleave=interleave)
     if rope_parameters is not None:
         sizes["rope_parameters"] = dict(rope_parameters)
     config = tf.DeepseekV3Config(**sizes)

@@ -7,7 +7,7 @@ import pytest
 import torch
 
 import posenc
-from posenc.rope import _rotation_formula
+from posenc.rope import rope_reference
 
 pytestmark = [pytest.mark.gpu, pytest.mark.skipif(not torch.cuda.is_available(), reason="no CUDA device")]
 DEVICE = "cuda"
@@ -34,9 +34,8 @@ def test_kernel_equals_the_formula_bit_for_bit(dtype, layout, seq_dim):
     k = q[:, :2] if seq_dim == -2 else q[:, :, :2]
     assert tr.use_triton(q)
     q_rot, k_rot = posenc.apply_rope_qk(q, k, cos, sin, layout, seq_dim=seq_dim)
-    align = (lambda t: t[:, None]) if seq_dim == -2 else (lambda t: t[:, :, None])
-    assert torch.equal(q_rot, _rotation_formula(q, align(cos), align(sin), layout))
-    assert torch.equal(k_rot, _rotation_formula(k, align(cos), align(sin), layout))
+    assert torch.equal(q_rot, rope_reference(q, cos, sin, layout, seq_dim=seq_dim))
+    assert torch.equal(k_rot, rope_reference(k, cos, sin, layout, seq_dim=seq_dim))
 
 
 def test_gradients_on_the_device_equal_the_formula():
@@ -47,7 +46,7 @@ def test_gradients_on_the_device_equal_the_formula():
     q_rot, k_rot = posenc.apply_rope_qk(q, k, cos, sin)
     ours = torch.autograd.grad((q_rot, k_rot), (q, k), (grad_q, grad_k))
     reference = torch.autograd.grad(
-        (_rotation_formula(q, cos, sin, "half"), _rotation_formula(k, cos, sin, "half")), (q, k), (grad_q, grad_k)
+        (rope_reference(q, cos, sin), rope_reference(k, cos, sin)), (q, k), (grad_q, grad_k)
     )
     assert torch.equal(ours[0], reference[0]) and torch.equal(ours[1], reference[1])
 
@@ -63,11 +62,11 @@ def test_a_tensor_over_two_to_the_31_elements():
     k = q[:1, :1]
     q_rot, _ = posenc.apply_rope_qk(q, k, cos, sin)
     for b in (0, 33, 65):
-        assert torch.equal(q_rot[b], _rotation_formula(q[b], cos, sin, "half"))
+        assert torch.equal(q_rot[b], rope_reference(q[b], cos, sin))
     del q_rot
     before = q[65].clone()
     posenc.apply_rope_(q[64:], cos, sin)  # in place, through a view that starts past 2**31 elements
-    assert torch.equal(q[65], _rotation_formula(before, cos, sin, "half"))
+    assert torch.equal(q[65], rope_reference(before, cos, sin))
 
 
 def test_apply_rope_qk_and_the_module_in_a_cuda_graph():

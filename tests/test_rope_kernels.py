@@ -5,7 +5,7 @@ the number of threads; the torch.compile-fused kernel agrees within one rounding
 apply_rope without graph breaks; everything runs on meta tensors; a failed compile falls back to the eager kernel
 with one warning.
 
-Exact comparisons kept here, each exact by construction: the blocked kernel and rope._rotation_formula (and
+Exact comparisons kept here, each exact by construction: the blocked kernel and rope.rope_reference (and
 transformers' rotate_half formula) run the same elementwise float operations in the same order on the same
 values (only the blocking of memory and the threads differ, and elementwise results do not depend on either);
 the gradient is the same rotation by -sin, which is exactly autograd's sum of the same two products (negation is
@@ -24,7 +24,7 @@ from hypothesis import strategies as st
 from reference_rope import HEAD_DIM, MAX_POSITIONS, ROPE_CASES, llama_rotary, rope_parameters
 
 import posenc
-from posenc import _rope_kernels, rope
+from posenc import _rope_dispatch, _rope_kernels, rope
 from posenc._compile import CompiledFunction
 
 LAYOUTS = ("half", "interleaved")
@@ -74,13 +74,14 @@ def test_large_inputs_take_the_kernel_by_default(monkeypatch):
     monkeypatch.undo()
     x = torch.randn(1, 8, 128, 64)
     cos, sin = random_tables(128, 32)
-    assert rope._ENGINE.kernel_fits(x, cos, sin) and not rope._ENGINE.kernel_fits(x[:, :2], cos, sin)
+    assert _rope_dispatch.ENGINE.kernel_fits(x, cos, sin) and not _rope_dispatch.ENGINE.kernel_fits(x[:, :2], cos, sin)
     full = (torch.cat((t, t), dim=-1) for t in (cos, sin))
     assert torch.equal(posenc.apply_rope(x, cos, sin), hf_rotation(x, *full))
 
 
-@settings(max_examples=40, deadline=None)
-@given(
+#: Rotations drawn by hypothesis: dtype, layout, rotated pairs, pairs passed through, per-sequence tables, a
+#: (B, T, H, D) input seen as (B, H, T, D), the seed of the values (see rotation_case).
+ROTATION_CASES = dict(
     dtype=st.sampled_from(DTYPES),
     layout=st.sampled_from(LAYOUTS),
     pairs=st.integers(1, 8),
@@ -89,20 +90,30 @@ def test_large_inputs_take_the_kernel_by_default(monkeypatch):
     transposed=st.booleans(),
     seed=st.integers(0, 2**16),
 )
-def test_eager_kernel_is_bit_exact_with_the_formula(dtype, layout, pairs, extra, batch_tables, transposed, seed):
+
+
+def rotation_case(dtype, pairs, extra, length, batch_tables, transposed, seed):
+    """``x`` ``(2, 3, length, D)`` (a transposed view when ``transposed``) and tables ``(length, pairs)`` or
+    ``(2, length, pairs)``."""
     torch.manual_seed(seed)
-    head_dim, length = 2 * (pairs + extra), 5
+    head_dim = 2 * (pairs + extra)
     x = torch.randn(2, length, 3, head_dim).transpose(1, 2) if transposed else torch.randn(2, 3, length, head_dim)
-    x = (4 * x).to(dtype)
     cos, sin = random_tables(*((2, length, pairs) if batch_tables else (length, pairs)))
-    expected = rope._rotation_formula(x, *(rope._align_table(t, x) for t in (cos, sin)), layout)
+    return (4 * x).to(dtype), cos, sin
+
+
+@settings(max_examples=40, deadline=None)
+@given(**ROTATION_CASES)
+def test_eager_kernel_is_bit_exact_with_the_formula(dtype, layout, pairs, extra, batch_tables, transposed, seed):
+    x, cos, sin = rotation_case(dtype, pairs, extra, 5, batch_tables, transposed, seed)
+    expected = rope.rope_reference(x, cos, sin, layout, seq_dim=-2)
     result = posenc.apply_rope(x, cos, sin, layout)
     assert result.dtype == dtype and result.shape == x.shape and torch.equal(result, expected)
     in_place = x.clone()
     assert rope.apply_rope_(in_place, cos, sin, layout) is in_place and torch.equal(in_place, expected)
     if layout == "half" and not extra:  # an independent reference: transformers' rotate_half formula
         full = (torch.cat((t, t), dim=-1) for t in (cos, sin))
-        assert torch.equal(result, hf_rotation(x, *(rope._align_table(t, x) for t in full)))
+        assert torch.equal(result, hf_rotation(x, *(_rope_dispatch.align_table(t, x) for t in full)))
 
 
 @pytest.mark.parametrize("dtype", DTYPES)
@@ -111,7 +122,7 @@ def test_eager_gradients_are_bit_exact_with_autograd_of_the_formula(dtype, layou
     x = (3 * torch.randn(2, 3, 6, 10)).to(dtype).requires_grad_()
     cos, sin = random_tables(6, 4)  # partial rotary: 8 of 10 features turn
     grad = torch.randn(2, 3, 6, 10).to(dtype)
-    (expected,) = torch.autograd.grad(rope._rotation_formula(x, cos, sin, layout), x, grad)
+    (expected,) = torch.autograd.grad(rope.rope_reference(x, cos, sin, layout, seq_dim=-2), x, grad)
     (actual,) = torch.autograd.grad(posenc.apply_rope(x, cos, sin, layout), x, grad)
     assert torch.equal(actual, expected)
 
@@ -193,9 +204,11 @@ def failing_backend(graph_module, example_inputs):
 
 def test_a_failed_compile_falls_back_to_the_eager_kernel_and_warns_once(monkeypatch):
     monkeypatch.setattr(
-        rope._ENGINE,
+        _rope_dispatch.ENGINE,
         "compiled",
-        CompiledFunction(rope._rotation_formula, rope._ENGINE.rotate_default, backend=failing_backend),
+        CompiledFunction(
+            _rope_dispatch.rotation_formula, _rope_dispatch.ENGINE.rotate_default, backend=failing_backend
+        ),
     )
     x = torch.randn(2, 3, 7, 16)
     cos, sin = random_tables(7, 8)
@@ -205,13 +218,15 @@ def test_a_failed_compile_falls_back_to_the_eager_kernel_and_warns_once(monkeypa
     with warnings.catch_warnings():
         warnings.simplefilter("error")
         assert torch.equal(posenc.apply_rope(x, cos, sin, compiled=True), result)
-    assert set(rope._ENGINE.compiled.failures) == {"cpu"}
+    assert set(_rope_dispatch.ENGINE.compiled.failures) == {"cpu"}
 
 
 def test_a_missing_cpp_compiler_falls_back(monkeypatch):
     import torch._inductor.config as inductor_config
 
-    function = CompiledFunction(rope._rotation_formula, rope._ENGINE.rotate_default, dynamic=False, fullgraph=True)
+    function = CompiledFunction(
+        _rope_dispatch.rotation_formula, _rope_dispatch.ENGINE.rotate_default, dynamic=False, fullgraph=True
+    )
     x, (cos, sin) = torch.randn(1, 2, 3, 4), random_tables(3, 2)
     with (
         inductor_config.patch(
@@ -239,7 +254,7 @@ def test_the_compiled_kernel_equals_the_reference_with_gradients(monkeypatch):
         # (e.g. a DeprecationWarning under ATEN_CPU_CAPABILITY=default) are not posenc's business
         fallbacks = [str(w.message) for w in caught if str(w.message).startswith("posenc: torch.compile")]
         # the fallback warning is given once per process: an earlier test may have had it
-        failed = fallbacks + [repr(error) for error in rope._ENGINE.compiled.failures.values()]
+        failed = fallbacks + [repr(error) for error in _rope_dispatch.ENGINE.compiled.failures.values()]
         if failed and os.environ.get("ATEN_CPU_CAPABILITY") == "default":
             # torch 2.13's inductor emits at::vec code that does not build without a vector ISA (".ci/run"'s
             # second pass); the fallback itself is tested by the two tests above
@@ -259,41 +274,31 @@ def test_the_compiled_kernel_equals_the_reference_with_gradients(monkeypatch):
     (expected,) = torch.autograd.grad(posenc.apply_rope(x, cos, sin), x, grad)
     (actual,) = torch.autograd.grad(posenc.apply_rope(x, cos, sin, compiled=True), x, grad)
     torch.testing.assert_close(actual, expected, rtol=1e-6, atol=1e-6)
-    assert not rope._ENGINE.compiled.failures and not rope._ENGINE._compiled_in_place.failures
+    assert not _rope_dispatch.ENGINE.compiled.failures and not _rope_dispatch.ENGINE._compiled_in_place.failures
     assert torch._dynamo.utils.counters["stats"]["unique_graphs"] > graphs  # really compiled, not skipped
 
 
 def _blocked(x, cos, sin, layout, block, in_place=False):
-    cos, sin = (rope._align_table(t, x) for t in (cos, sin))
+    cos, sin = (_rope_dispatch.align_table(t, x) for t in (cos, sin))
     out = x if in_place else torch.empty_like(x)
-    return rope._ENGINE.rotate_into(out, x, cos, sin, layout, block_elements=block)
+    return _rope_dispatch.ENGINE.rotate_into(out, x, cos, sin, layout, block_elements=block)
 
 
 @settings(max_examples=60, deadline=None)
 @given(
-    dtype=st.sampled_from(DTYPES),
-    layout=st.sampled_from(LAYOUTS),
-    pairs=st.integers(1, 8),
-    extra=st.integers(0, 3),
+    **ROTATION_CASES,
     length=st.integers(1, 23),
-    batch_tables=st.booleans(),
-    transposed=st.booleans(),
     block=st.integers(1, 400),
     run=st.integers(1, 200),
     threads=st.integers(1, 3),
-    seed=st.integers(0, 2**16),
 )
 def test_blocked_kernel_is_bit_exact_for_any_block_size_and_thread_count(
     dtype, layout, pairs, extra, length, batch_tables, transposed, block, run, threads, seed
 ):
     """Blocks that cut through heads and sequences at odd places (tails of every loop), runs of a sequence shared
     by several heads, any intra-op thread count (restored afterwards)."""
-    torch.manual_seed(seed)
-    head_dim = 2 * (pairs + extra)
-    x = torch.randn(2, length, 3, head_dim).transpose(1, 2) if transposed else torch.randn(2, 3, length, head_dim)
-    x = (4 * x).to(dtype)
-    cos, sin = random_tables(*((2, length, pairs) if batch_tables else (length, pairs)))
-    expected = rope._rotation_formula(x, *(rope._align_table(t, x) for t in (cos, sin)), layout)
+    x, cos, sin = rotation_case(dtype, pairs, extra, length, batch_tables, transposed, seed)
+    expected = rope.rope_reference(x, cos, sin, layout, seq_dim=-2)
     before, run_before = torch.get_num_threads(), _rope_kernels.RUN_ELEMENTS
     torch.set_num_threads(threads)
     _rope_kernels.RUN_ELEMENTS = run  # hypothesis reuses the test function: no monkeypatch fixture here
@@ -322,12 +327,13 @@ def test_blocked_kernel_respects_the_callers_grad_and_inference_modes():
     with torch.no_grad():  # in place on a leaf that requires grad is fine without grad mode, in the kernel
         y = x.detach().clone().requires_grad_()
         _blocked(y, cos, sin, "half", 16, in_place=True)
-        assert torch.equal(y, rope._rotation_formula(x.detach(), cos, sin, "half"))
+        assert torch.equal(y, rope.rope_reference(x.detach(), cos, sin, "half", seq_dim=-2))
     with torch.inference_mode():
         z = torch.randn(2, 3, 50, 8)
-        assert torch.equal(_blocked(z, cos, sin, "half", 16), rope._rotation_formula(z, cos, sin, "half"))
+        assert torch.equal(_blocked(z, cos, sin, "half", 16), rope.rope_reference(z, cos, sin, "half", seq_dim=-2))
         assert torch.equal(
-            _blocked(z.clone(), cos, sin, "half", 16, in_place=True), rope._rotation_formula(z, cos, sin, "half")
+            _blocked(z.clone(), cos, sin, "half", 16, in_place=True),
+            rope.rope_reference(z, cos, sin, "half", seq_dim=-2),
         )
 
 
@@ -339,8 +345,28 @@ def test_blocked_gradients_are_bit_exact_with_autograd_of_the_formula(dtype, lay
     x = (3 * torch.randn(2, 3, 13, 10)).to(dtype).requires_grad_()
     cos, sin = random_tables(2, 13, 4)
     grad = torch.randn(2, 3, 13, 10).to(dtype)
-    (expected,) = torch.autograd.grad(
-        rope._rotation_formula(x, *(rope._align_table(t, x) for t in (cos, sin)), layout), x, grad
-    )
+    (expected,) = torch.autograd.grad(rope.rope_reference(x, cos, sin, layout, seq_dim=-2), x, grad)
     (actual,) = torch.autograd.grad(posenc.apply_rope(x, cos, sin, layout), x, grad)
     assert torch.equal(actual, expected)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16, torch.float16, torch.float64])
+@pytest.mark.parametrize("layout", ["half", "interleaved"])
+def test_small_eager_path_is_the_formula_bit_for_bit(dtype, layout, monkeypatch):
+    """A decode-sized input without gradients takes rotate_small (out= into one output, no cat): the formula's
+    products and sums, each rounded as the formula rounds them, so equal bit for bit."""
+    monkeypatch.undo()  # the real threshold: this input is below it
+    from posenc._rope_kernels import KERNEL_MIN_NUMEL
+
+    generator = torch.Generator().manual_seed(5)
+    for fraction, batched, seq_dim in ((1.0, False, -2), (0.5, True, -2), (1.0, True, -3)):
+        x = torch.randn(8, 32, 1, 64, generator=generator).to(dtype)
+        inv_freq, _ = posenc.rope_frequencies(64, {"partial_rotary_factor": fraction})
+        positions = torch.arange(8)[:, None] + 1000 if batched else torch.tensor([1000])
+        cos, sin = posenc.rope_cos_sin(positions, inv_freq)
+        if seq_dim == -3:
+            x = x.transpose(1, 2)
+        aligned = [_rope_dispatch.align_table(t, x, seq_dim) for t in (cos, sin)]
+        assert _rope_dispatch.ENGINE._eager_fits(x, *aligned) and x.numel() < KERNEL_MIN_NUMEL
+        expected = rope.rope_reference(x, cos, sin, layout, seq_dim=seq_dim)
+        assert torch.equal(posenc.apply_rope(x, cos, sin, layout, seq_dim=seq_dim), expected)
