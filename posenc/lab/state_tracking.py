@@ -6,12 +6,12 @@ control Z6 (abelian, the same six elements' worth of states): on Z6 the product 
 letters, on S3 it does. PaTH's transport from a key to a query is a product of content-dependent maps that need not
 commute; RoPE's is a rotation by the offset alone, and FoX's and CoPE's are sums over the tokens between (commuting).
 
-:data:`NAMES` (chapter 11's and 14's encodings that matter here, ALiBi at its fixed slopes, the best member of its
-family in chapter 14's study) are trained on both groups with :func:`config` (chapter 11's model, training length
-:data:`TRAIN_LENGTH`, :data:`STEPS` steps, five seeds) and evaluated on :data:`EVAL_SEQUENCES` fresh sequences at 1, 2
-and 4 times the training length: per seed the accuracy and its standard error over the sequences, and the accuracy per
-position (mean over seeds). The **budget check** trains every encoding again with three times the steps on
-:data:`BUDGET_SEEDS`. ```make beyond-axioms`` (``--part state-tracking``) writes the result to :data:`RESULTS_FILE`.
+:data:`NAMES` (causal NoPE, RoPE and chapter 14's three data-dependent encodings) are trained on both groups with
+:func:`config` (chapter 11's model, training length :data:`TRAIN_LENGTH`, :data:`STEPS` steps, :data:`SEEDS`) and
+evaluated on :data:`EVAL_SEQUENCES` fresh sequences at 1, 2 and 4 times the training length: per seed the accuracy and
+its standard error over the sequences, and the accuracy per position (mean over seeds). The **budget check** trains
+every encoding again with three times the steps on :data:`BUDGET_SEEDS`. ``make beyond-axioms``
+(``--part state-tracking``) writes the result to :data:`RESULTS_FILE`.
 """
 
 from __future__ import annotations
@@ -59,7 +59,8 @@ def _register(names):
 @torch.no_grad()
 def evaluate(ensemble, tasks, config) -> dict:
     """Every model of ``ensemble`` (``tasks``: one per model) on the fixed evaluation batch of its task at every
-    length of ``config``: ``{length: (per-sequence accuracy (M, B), per-position accuracy (M, L))}``."""
+    length of ``config``: ``{length: (per-sequence accuracy (M, B), per-position accuracy (M, L))}``, the latter 0 at
+    position 0, which has no target (the start token)."""
     from posenc.lab import experiments as ex
 
     out = {}
