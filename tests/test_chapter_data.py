@@ -149,6 +149,59 @@ def test_beyond_axioms_tool_runs_a_tiny_plan():
             assert low - 1e-6 <= result["sparse"][name][str(n)][0] <= high + 1e-6
 
 
+def test_state_tracking_data_matches_the_code():
+    """posenc/lab/data/state_tracking.json (make beyond-axioms, --part state-tracking), which chapter 14 reads: the
+    configuration, encodings, groups and seeds the module defines today, an accuracy in [0, 1] per seed and length."""
+    import dataclasses
+
+    from posenc.lab import experiments as ex
+    from posenc.lab import results
+    from posenc.lab import state_tracking as study
+
+    record = results.read_json("state_tracking.json", None, "state-tracking result", "make beyond-axioms")[1]
+    config = study.config()
+    assert record["config"] == {
+        k: list(v) if isinstance(v, tuple) else v for k, v in dataclasses.asdict(config).items()
+    }
+    assert record["names"] == list(study.NAMES) and record["task"]["groups"] == list(study.GROUPS)
+    assert record["labels"] == {name: ex.encoding_label(name) for name in study.NAMES}
+    assert record["task"]["chance"] == {"S3": 1 / 6, "Z6": 1 / 6}
+    assert config.eval_batch(max(config.eval_lengths)) == study.EVAL_SEQUENCES >= 128  # fresh sequences, every length
+    lengths = [str(n) for n in config.eval_lengths]
+    budget = record["budget"]
+    assert budget["steps"] == study.BUDGET_FACTOR * config.steps and budget["seeds"] == list(study.BUDGET_SEEDS)
+    for part, seeds in ((record, config.seeds), (budget, study.BUDGET_SEEDS)):
+        for group in study.GROUPS:
+            entry = part[group]
+            for key in ("accuracy", "sequence_se"):
+                assert list(entry[key]) == list(study.NAMES)
+                for per_length in entry[key].values():
+                    assert list(per_length) == lengths
+                    assert all(len(v) == len(seeds) and all(0 <= x <= 1 for x in v) for v in per_length.values())
+            assert all(len(entry["position"][name][str(n)]) == n for name in study.NAMES for n in config.eval_lengths)
+            assert all(len(v) == len(seeds) for v in entry["final_loss"].values())
+
+
+def test_state_tracking_tool_runs_a_tiny_plan():
+    from posenc.lab import state_tracking as study
+
+    config = study.config(steps=2, seeds=(0, 1), eval_batch_size=8, eval_tokens=8 * 32)
+    result = study.run(["rope", "path"], ["S3", "Z6"], config, progress=None)
+    assert set(result) == {"S3", "Z6", "seconds"}
+    for group in ("S3", "Z6"):
+        accuracy = result[group]["accuracy"]
+        assert list(accuracy) == ["rope", "path"] and all(
+            len(v) == 2 for each in accuracy.values() for v in each.values()
+        )
+        # position 0 (the start token) has no target and scores 0; the mean over the others is the accuracy
+        for name in ("rope", "path"):
+            for n in config.eval_lengths:
+                per_position = torch.tensor(result[group]["position"][name][str(n)])
+                assert per_position[0] == 0 and per_position[1:].mean().item() == pytest.approx(
+                    sum(accuracy[name][str(n)]) / 2, abs=1e-5
+                )
+
+
 def test_chapter_13_study_file_matches_the_code():
     # posenc/lab/data/todays_models.json (make todays-models), which chapter 13 reads: chapter 11's config with four
     # layers, the study's five models, its three tasks, five seeds, an accuracy at every evaluation length

@@ -153,3 +153,69 @@ def test_position_blind_ceilings_tabulates_both_ceilings_of_every_task_and_lengt
         ceilings[tasks[0].name][order_tasks.CEILING_LABELS[True]]
         != ceilings[tasks[0].name][order_tasks.CEILING_LABELS[False]]
     )
+
+
+# the word problem of a finite group (chapter 14's state-tracking task) ---------------------------------------------
+def _slow_product(group, letters):
+    """Compose the letters' permutations one by one: apply the state, then the letter."""
+    task = order_tasks.WordProblem(group)
+    state = tuple(range(len(task.elements[0])))
+    for letter in letters:
+        state = tuple(task.elements[letter][x] for x in state)
+    return task.elements.index(state)
+
+
+@pytest.mark.parametrize(
+    "group, size, abelian", [("S3", 6, False), ("Z6", 6, True), ("A4", 12, False), ("S4", 24, False)]
+)
+def test_word_problem_groups_are_groups(group, size, abelian):
+    task = order_tasks.WordProblem(group)
+    table = task.cayley
+    assert task.size == size and task.abelian is abelian and table.shape == (size, size)
+    assert torch.equal(table[0], torch.arange(size)) and torch.equal(table[:, 0], torch.arange(size))  # identity first
+    for row in table:  # a Latin square: every element once per row and column (inverses exist)
+        assert sorted(row.tolist()) == list(range(size))
+    assert sorted(table[:, 3].tolist()) == list(range(size))
+    # associative, on every triple
+    assert torch.equal(table[table[:, :, None], torch.arange(size)], table[torch.arange(size)[:, None, None], table])
+
+
+@pytest.mark.parametrize("group", ["S3", "Z6", "A4"])
+def test_word_problem_targets_are_the_running_products(group):
+    task = order_tasks.WordProblem(group)
+    vocab = task.size + 1
+    inputs, targets, mask = task.sample(16, 12, vocab, torch.Generator().manual_seed(3))
+    assert (inputs[:, 0] == vocab - 1).all() and (inputs[:, 1:] < task.size).all()
+    assert (targets[:, 0] == order_tasks.IGNORE_INDEX).all() and mask[:, 1:].all() and not mask[:, 0].any()
+    for row in range(16):
+        for t in range(1, 12):
+            assert targets[row, t].item() == _slow_product(group, inputs[row, 1 : t + 1].tolist())
+
+
+def test_word_problem_order_matters_only_for_the_non_abelian_group():
+    s3, z6 = order_tasks.WordProblem("S3"), order_tasks.WordProblem("Z6")
+    words = torch.tensor([[1, 3], [3, 1]])  # the same letters, in both orders
+    assert s3.states(words)[0, -1] != s3.states(words)[1, -1]
+    swapped = torch.randint(6, (64, 5), generator=torch.Generator().manual_seed(0))
+    assert torch.equal(z6.states(swapped)[:, -1], z6.states(swapped.flip(-1))[:, -1])
+    assert torch.equal(z6.states(swapped)[:, -1], swapped.sum(-1) % 6)  # Z6's product is the sum mod 6
+
+
+def test_word_problem_bad_input():
+    with pytest.raises(ValueError, match="group"):
+        order_tasks.WordProblem("D4")
+    with pytest.raises(ValueError, match="group"):
+        order_tasks.WordProblem("S9")
+    with pytest.raises(TypeError, match="group"):
+        order_tasks.WordProblem(6)
+    task = order_tasks.WordProblem("S3")
+    with pytest.raises(ValueError, match="vocab_size"):
+        task.sample(2, 8, 6, torch.Generator())
+    with pytest.raises(ValueError, match="length"):
+        task.sample(2, 1, 7, torch.Generator())
+    with pytest.raises(TypeError, match="generator"):
+        task.sample(2, 8, 7, None)
+    with pytest.raises(TypeError, match="states"):
+        task.sources(8)
+    with pytest.raises(ValueError, match="letters"):
+        task.states(torch.zeros(3, dtype=torch.long))

@@ -1,8 +1,11 @@
-"""``make beyond-axioms``: chapter 14's study (:mod:`posenc.lab.beyond_axioms`), written to its committed file.
+"""``make beyond-axioms``: chapter 14's studies, each written to its committed file.
 
-Usage (``--budget-only`` remakes only ``"budget"`` in an existing file)::
+``--part counting`` (the default): the counting task (:mod:`posenc.lab.beyond_axioms`); ``--budget-only`` remakes
+only ``"budget"`` in an existing file. ``--part state-tracking``: the word problems of S3 and Z6
+(:mod:`posenc.lab.state_tracking`). Usage::
 
     nice -n 10 python -m book.tools.beyond_axioms --output posenc/lab/data/beyond_axioms.json
+    nice -n 10 python -m book.tools.beyond_axioms --part state-tracking --output posenc/lab/data/state_tracking.json
 """
 
 from __future__ import annotations
@@ -17,7 +20,8 @@ from posenc.lab import beyond_axioms as study
 
 def main(argv=None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--output", default=str(study.RESULTS_FILE))
+    parser.add_argument("--part", choices=("counting", "state-tracking"), default="counting")
+    parser.add_argument("--output", default=None, help="the results file (default: the part's committed file)")
     parser.add_argument("--names", default=None, help="comma-separated encoding names (default: all)")
     parser.add_argument("--seeds", default=None, help="comma-separated seeds (default: chapter 11's five)")
     parser.add_argument(
@@ -26,6 +30,19 @@ def main(argv=None) -> int:
         help='remake only the budget check and ALiBi\'s fixed slopes ("budget") in --output',
     )
     args = parser.parse_args(argv)
+    if args.part == "state-tracking":
+        from posenc.lab import state_tracking
+
+        if args.budget_only or args.seeds is not None:
+            parser.error("--budget-only and --seeds belong to --part counting")
+        output = args.output or str(state_tracking.RESULTS_FILE)
+        names = args.names.split(",") if args.names else state_tracking.NAMES
+        start = time.perf_counter()
+        record = state_tracking.record(names, progress=lambda line: print(line, flush=True))
+        Path(output).write_text(json.dumps(record, indent=1) + "\n")
+        print(f"wrote {output} ({time.perf_counter() - start:.0f} s)")
+        return 0
+    args.output = args.output or str(study.RESULTS_FILE)
     names = args.names.split(",") if args.names else study.encoding_names()
     config = (
         study.chapter_config()

@@ -240,6 +240,111 @@ def ceiling(ceilings: dict, task: CopyTask, length: int, *, causal: bool) -> flo
     return ceilings[task.name][CEILING_LABELS[causal]][length]
 
 
+def _group_elements(group: str):
+    """``(elements, cayley)`` of ``group``: the elements as permutation tuples (the identity first) and the
+    ``(n, n)`` int64 table ``cayley[a, b] = index of a . b``, where ``(a . b)(x) = b(a(x))``: apply ``a``, then
+    ``b``, so a word ``x_1 x_2 ... x_t`` acts as its letters read left to right."""
+    from itertools import permutations
+
+    kind, size = group[:1], group[1:]
+    if kind not in ("S", "A", "Z") or not size.isdigit() or not 2 <= int(size) <= (6 if kind != "Z" else 60):
+        raise ValueError(f"group must be 'S<n>' or 'A<n>' (2 <= n <= 6) or 'Z<n>' (2 <= n <= 60), got {group!r}")
+    n = int(size)
+    if kind == "Z":  # the cyclic group as rotations of n points
+        elements = [tuple((x + shift) % n for x in range(n)) for shift in range(n)]
+    else:
+        elements = list(permutations(range(n)))  # lexicographic: the identity first
+        if kind == "A":
+            elements = [p for p in elements if _sign(p) == 1]
+    index = {p: i for i, p in enumerate(elements)}
+    cayley = torch.tensor([[index[tuple(b[a[x]] for x in range(n))] for b in elements] for a in elements])
+    return elements, cayley
+
+
+def _sign(permutation) -> int:
+    seen, sign = set(), 1
+    for start in range(len(permutation)):
+        length, x = 0, start
+        while x not in seen:
+            seen.add(x)
+            x, length = permutation[x], length + 1
+        sign *= -1 if length and length % 2 == 0 else 1
+    return sign
+
+
+class WordProblem(CopyTask):
+    """The word problem of a finite group: the state after each letter of a word.
+
+    Position 0 holds a start token (``vocab_size - 1``, no target); every other position ``t`` holds a group
+    element ``x_t`` (token = its index, drawn uniformly from the ``n = |G|`` elements) and its target is the running
+    product ``s_t = x_1 . x_2 ... x_t`` (:attr:`cayley` gives ``s_t = cayley[s_{t-1}, x_t]``, with ``s_0`` the
+    identity, index 0). ``group``: ``"S3"`` (order 6, the smallest non-abelian group), ``"Z6"`` (order 6, abelian:
+    the product is a sum mod 6, so the order of the letters does not matter), or any ``"S<n>"``, ``"A<n>"``
+    (n <= 6), ``"Z<n>"``. The target depends on every earlier letter and, for a non-abelian group, on their order:
+    not a copy of one token, so :meth:`sources` raises; :meth:`states` computes the labels.
+    """
+
+    order = "content"
+    first_target = 1
+
+    def __init__(self, group: str = "S3"):
+        if not isinstance(group, str):
+            raise TypeError(f"group must be a str such as 'S3' or 'Z6', got {type(group).__name__}")
+        self.group = group
+        self.elements, self.cayley = _group_elements(group)
+        self.name = f"word problem {group}"
+
+    @property
+    def size(self) -> int:
+        """``|G|``, the number of elements (and of classes a model chooses from: chance is ``1 / size``)."""
+        return len(self.elements)
+
+    @property
+    def abelian(self) -> bool:
+        return bool((self.cayley == self.cayley.T).all())
+
+    def min_length(self) -> int:
+        return 2  # the start token and one letter
+
+    def sources(self, length: int, device=None) -> torch.Tensor:
+        raise TypeError(f"the targets of {self.name!r} are products, not copies: use states(letters)")
+
+    def start_token(self, vocab_size: int) -> int:
+        """The start token: ``vocab_size - 1`` (``vocab_size`` must leave room for it after the ``size`` letters)."""
+        require_int("vocab_size", vocab_size, minimum=2)
+        if vocab_size < self.size + 1:
+            raise ValueError(
+                f"vocab_size must be at least |G| + 1 = {self.size + 1} for {self.group}, got {vocab_size}"
+            )
+        return vocab_size - 1
+
+    def states(self, letters: torch.Tensor) -> torch.Tensor:
+        """The running products of ``letters`` ``(B, T)`` (element indices): ``(B, T)``, ``s_t = s_{t-1} . x_t``."""
+        if not isinstance(letters, torch.Tensor) or letters.ndim != 2:
+            raise ValueError(f"letters must be a (B, T) tensor of element indices, got {letters!r}")
+        table = self.cayley.to(letters.device)
+        state = torch.zeros(letters.shape[0], dtype=torch.long, device=letters.device)  # the identity
+        out = []
+        for t in range(letters.shape[1]):
+            state = table[state, letters[:, t]]
+            out.append(state)
+        return torch.stack(out, dim=1) if out else letters.clone()
+
+    def sample(self, batch_size: int, length: int, vocab_size: int, generator: torch.Generator, device=None):
+        """As :meth:`CopyTask.sample`: ``inputs`` the start token then ``length - 1`` uniform letters, ``targets``
+        their running products (``IGNORE_INDEX`` at position 0), ``mask`` True from position 1 on."""
+        require_int("batch_size", batch_size, minimum=1)
+        start = self.start_token(vocab_size)
+        self._check_length(length)
+        if not isinstance(generator, torch.Generator) or generator.device.type != "cpu":
+            raise TypeError(f"generator must be a CPU torch.Generator, got {generator!r}")
+        letters = torch.randint(self.size, (batch_size, length - 1), generator=generator)
+        inputs = torch.cat((torch.full((batch_size, 1), start), letters), dim=1)
+        targets = torch.cat((torch.full((batch_size, 1), IGNORE_INDEX), self.states(letters)), dim=1)
+        mask = targets != IGNORE_INDEX
+        return inputs.to(device), targets.to(device), mask.to(device)
+
+
 __all__ = [
     "IGNORE_INDEX",
     "CopyTask",
@@ -250,4 +355,5 @@ __all__ = [
     "CEILING_LABELS",
     "position_blind_ceilings",
     "ceiling",
+    "WordProblem",
 ]
