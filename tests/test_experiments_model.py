@@ -22,15 +22,6 @@ TINY = ExperimentConfig(
 DEEP = replace(TINY, n_layers=4)
 
 
-@pytest.fixture(autouse=True, scope="module")
-def _one_thread():
-    """Tiny models are all overhead: one thread avoids OpenMP spin-waits on a shared machine."""
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(threads)
-
-
 @pytest.fixture
 def scratch(monkeypatch):
     """Registrations made in the test end with it."""

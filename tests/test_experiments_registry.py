@@ -16,8 +16,6 @@ from posenc.lab.experiments.registry import (
     add_encoding,
     add_layer_pattern,
     encoding_label,
-    jordan_frequencies,
-    jordan_rotation_generator,
     registered,
     remove_encoding,
 )
@@ -136,15 +134,16 @@ def test_the_scratch_fixture_leaves_the_registry_as_it_was():
 @pytest.mark.parametrize("head_dim", [8, 16])
 def test_the_jordan_control_is_the_jordan_generator_without_its_nilpotent_part(head_dim):
     jordan = jordan_generator(head_dim, dtype=torch.float64)
-    control = jordan_rotation_generator(head_dim, dtype=torch.float64)
+    control = registry.jordan_rotation_generator(head_dim, dtype=torch.float64)
     nilpotent = jordan - control
     # exact: the entries are 0, 1 or one frequency, and each product entry has at most one non-zero term
     assert set(nilpotent.unique().tolist()) == {0.0, 1.0}
     assert torch.equal(nilpotent @ nilpotent, torch.zeros_like(nilpotent))
     assert torch.equal(nilpotent @ control, control @ nilpotent)
     frequencies = torch.linalg.eigvals(control).imag.abs().sort().values
-    assert torch.allclose(frequencies, jordan_frequencies(head_dim).repeat_interleave(2).sort().values, atol=1e-12)
-    damped = jordan_rotation_generator(head_dim, eigenvalue=-0.05, dtype=torch.float64)
+    expected = registry.jordan_frequencies(head_dim).repeat_interleave(2).sort().values
+    assert torch.allclose(frequencies, expected, atol=1e-12)
+    damped = registry.jordan_rotation_generator(head_dim, eigenvalue=-0.05, dtype=torch.float64)
     assert torch.allclose(
         torch.linalg.eigvals(damped).real, torch.full((head_dim,), -0.05, dtype=torch.float64), atol=1e-12
     )

@@ -6,7 +6,7 @@ import pytest
 import torch
 
 import posenc
-from posenc.lab.experiments import registry
+from posenc.lab.experiments import registry, training
 from posenc.lab.experiments.config import ExperimentConfig
 from posenc.lab.experiments.model import build_model
 from posenc.lab.experiments.registry import add_encoding, add_layer_pattern
@@ -23,7 +23,6 @@ from posenc.lab.experiments.training import (
     run_experiments,
     run_plan,
     train,
-    with_rope,
 )
 from posenc.lab.tasks import CopyBack, FetchPosition
 
@@ -176,14 +175,14 @@ def test_evaluation_and_table_agree():
 def test_with_rope_swaps_only_the_table():
     models = train(CopyBack(1), "rope", replace(TINY, steps=5))[0].trained_models()
     tokens = torch.randint(TINY.vocab_size, (3, 20), generator=torch.Generator().manual_seed(0))
-    same = with_rope(models, {"rope_type": "default"}, TINY.train_length)
+    same = training.with_rope(models, {"rope_type": "default"}, TINY.train_length)
     # exact by construction: the rebuilt table is computed by the same code from the same parameters
     assert all(torch.equal(a(tokens), b(tokens)) for a, b in zip(models, same))
-    stretched = with_rope(models, {"rope_type": "linear", "factor": 4.0}, TINY.train_length)
+    stretched = training.with_rope(models, {"rope_type": "linear", "factor": 4.0}, TINY.train_length)
     assert torch.allclose(stretched[0].encoding.inv_freq, models[0].encoding.inv_freq / 4)
     assert not torch.allclose(stretched[0](tokens), models[0](tokens))
     with pytest.raises(TypeError, match="RoPE"):
-        with_rope([build_model("alibi", TINY, 0)], {"rope_type": "default"}, 8)
+        training.with_rope([build_model("alibi", TINY, 0)], {"rope_type": "default"}, 8)
 
 
 def test_fine_tune_trains_copies_and_leaves_the_models_alone():
@@ -198,6 +197,10 @@ def test_fine_tune_trains_copies_and_leaves_the_models_alone():
         fine_tune(models[:1], CopyBack(1), TINY, length=16, steps=3)
     with pytest.raises(ValueError, match="steps"):
         fine_tune(models, CopyBack(1), TINY, length=16, steps=0)
+    with pytest.raises(ValueError, match="batch_size"):
+        fine_tune(models, CopyBack(1), TINY, length=16, steps=3, batch_size=0)
+    with pytest.raises(TypeError, match="batch_sise"):
+        fine_tune(models, CopyBack(1), TINY, length=16, steps=3, batch_sise=4)
 
 
 def test_hybrid_trains_in_the_stack_as_alone():

@@ -290,27 +290,19 @@ def with_rope(models: list, rope_parameters: dict, original_length: int) -> list
 
 
 def fine_tune(
-    models: list,
-    task: CopyTask,
-    config: ExperimentConfig,
-    length: int,
-    *,
-    steps: int,
-    batch_size: int | None = None,
-    learning_rate: float | None = None,
-    device=None,
+    models: list, task: CopyTask, config: ExperimentConfig, length: int, *, steps: int, device=None, **changes
 ):
     """Continue training copies of ``models`` (one per seed of ``config``) for ``steps`` steps at ``length``, with
-    the optimiser and schedule of :func:`train` (warm-up over a tenth of the steps); ``batch_size`` and
-    ``learning_rate`` default to the config's. Returns the fine-tuned copies."""
+    the optimiser and schedule of :func:`train` (warm-up over a tenth of the steps); ``changes``: other fields of
+    ``config`` for the fine-tune (``batch_size=16``, ``learning_rate=...``). Returns the fine-tuned copies."""
     tuned = replace(
         config,
         train_length=require_int("length", length, minimum=1),
         steps=require_int("steps", steps, minimum=1),
         warmup_steps=max(1, steps // 10),
-        batch_size=config.batch_size if batch_size is None else require_int("batch_size", batch_size, minimum=1),
-        learning_rate=config.learning_rate if learning_rate is None else learning_rate,
+        **changes,
     )
+    require_int("batch_size", tuned.batch_size, minimum=1)
     ensemble, _ = train(task, "rope", tuned, device, models=models)
     return ensemble.trained_models()
 
