@@ -111,7 +111,7 @@ def test_beyond_axioms_budget_check_matches_the_code(monkeypatch):
     from posenc.lab import beyond_axioms as tool
     from posenc.lab import experiments as ex
 
-    monkeypatch.setattr(ex, "ENCODINGS", dict(ex.ENCODINGS))  # the registration below ends with this test
+    monkeypatch.setattr(ex.registry, "REGISTRY", dict(ex.REGISTRY))  # the registration below ends with this test
     record = _beyond_axioms_record()
     budget = record["budget"]
     name = tool.register_alibi_slopes()

@@ -15,11 +15,8 @@ from posenc.layer_patterns import LocalWindow
 def _unregister():
     # register() adds two names to the harness's tables; leave them as other test modules expect them
     yield
-    for name in ("rope-window", "rnope-swa"):
-        ex.ENCODINGS.pop(name, None)
-        ex.LAYER_PATTERNS.pop(name, None)
-        ex._PATTERNS.pop(name, None)
-        ex._ADDED.discard(name)
+    for name in ("rnope-swa", "rope-window"):
+        ex.remove_encoding(name)
 
 
 def test_study_is_chapter_11s_config_with_four_layers():

@@ -1,9 +1,15 @@
-"""The content-counting task of posenc.lab.tasks: copy the token after the k-th marker."""
+"""posenc.lab.tasks: the order tasks (copy back, fetch a position) and the content-counting task (copy the token
+after the k-th marker), and their position-blind ceilings."""
+
+import itertools
 
 import pytest
 import torch
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from posenc.lab import tasks as order_tasks
+from posenc.lab.tasks import IGNORE_INDEX, CopyBack, FetchPosition, position_blind_accuracy
 
 VOCAB = 8
 MARKER = VOCAB - 1
@@ -219,3 +225,77 @@ def test_word_problem_bad_input():
         task.sources(8)
     with pytest.raises(ValueError, match="letters"):
         task.states(torch.zeros(3, dtype=torch.long))
+
+
+# the order tasks ----------------------------------------------------------------------------------------------
+def sample(task, length, seed, batch=5, vocab=7):
+    return task.sample(batch, length, vocab, torch.Generator().manual_seed(seed))
+
+
+@settings(max_examples=40, deadline=None)
+@given(offset=st.integers(1, 6), extra=st.integers(0, 40), seed=st.integers(0, 2**31 - 1))
+def test_copy_back_targets_are_the_token_offset_steps_back(offset, extra, seed):
+    length = offset + 1 + extra
+    inputs, targets, mask = sample(CopyBack(offset), length, seed)
+    assert inputs.shape == targets.shape == mask.shape == (5, length)
+    assert inputs.dtype == targets.dtype == torch.int64 and mask.dtype == torch.bool
+    for b, i in itertools.product(range(5), range(length)):
+        if i >= offset:
+            assert mask[b, i] and targets[b, i] == inputs[b, i - offset]
+        else:
+            assert not mask[b, i] and targets[b, i] == IGNORE_INDEX
+
+
+@settings(max_examples=40, deadline=None)
+@given(position=st.integers(0, 6), extra=st.integers(0, 40), seed=st.integers(0, 2**31 - 1))
+def test_fetch_position_targets_are_the_token_at_that_position(position, extra, seed):
+    length = position + 1 + extra
+    inputs, targets, mask = sample(FetchPosition(position), length, seed)
+    for b, i in itertools.product(range(5), range(length)):
+        if i >= position:
+            assert mask[b, i] and targets[b, i] == inputs[b, position]
+        else:
+            assert not mask[b, i] and targets[b, i] == IGNORE_INDEX
+
+
+@pytest.mark.parametrize("task", [CopyBack(2), FetchPosition(1)])
+def test_sampling_is_deterministic_per_seed_and_uses_the_whole_vocabulary(task):
+    first, again, other = sample(task, 64, 3, batch=32), sample(task, 64, 3, batch=32), sample(task, 64, 4, batch=32)
+    assert all(torch.equal(a, b) for a, b in zip(first, again))
+    assert not torch.equal(first[0], other[0])
+    assert set(first[0].unique().tolist()) == set(range(7))
+
+
+def test_tasks_say_what_order_they_need_and_reject_bad_arguments():
+    assert CopyBack(3).order == "relative" and FetchPosition(2).order == "absolute"
+    with pytest.raises(ValueError, match="length"):
+        CopyBack(3).sample(2, 3, 5, torch.Generator())
+    with pytest.raises(ValueError, match="offset"):
+        CopyBack(0)
+    with pytest.raises(TypeError, match="generator"):
+        CopyBack(1).sample(2, 4, 5, generator=0)
+    with pytest.raises(ValueError, match="vocab_size"):
+        FetchPosition(1).sample(2, 4, 1, torch.Generator())
+
+
+@pytest.mark.parametrize("causal", [False, True])
+@pytest.mark.parametrize("task", [CopyBack(1), CopyBack(2), FetchPosition(0), FetchPosition(1)])
+def test_position_blind_accuracy_is_the_bayes_optimum_of_a_set_function(task, causal):
+    """Brute force over every sequence of length 4 on 3 tokens: the best predictor that sees only its own token
+    and the multiset of the sequence (causal: of the prefix, whose size reveals the position), pooled over all
+    target positions, scores exactly the formula's mean."""
+    length, vocab = 4, 3
+    sequences = torch.tensor(list(itertools.product(range(vocab), repeat=length)))
+    source = task.sources(length)
+    votes = {}  # what the predictor sees -> counts of targets
+    for sequence in sequences.tolist():
+        for i in range(length):
+            if source[i] >= 0:
+                seen = sequence[: i + 1] if causal else sequence
+                key = (tuple(sorted(seen)), sequence[i])
+                votes.setdefault(key, [0] * vocab)[sequence[source[i]]] += 1
+    best = sum(max(counts) for counts in votes.values()) / sum(sum(counts) for counts in votes.values())
+    assert position_blind_accuracy(task, sequences, vocab, causal=causal) == pytest.approx(best, abs=1e-6)
+    per_position = position_blind_accuracy(task, sequences, vocab, causal=causal, per_position=True)
+    assert torch.isnan(per_position[source < 0]).all()
+    assert per_position[source >= 0].mean().item() == pytest.approx(best, abs=1e-6)

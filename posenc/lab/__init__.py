@@ -1,7 +1,8 @@
 """The book's lab: what the chapters use around the library, not what a model needs.
 
 * :mod:`posenc.lab.interactive`: live and static sliders from one drawing function;
-* :mod:`posenc.lab.tasks` and :mod:`posenc.lab.experiments`: synthetic order tasks and small transformers to train;
+* :mod:`posenc.lab.tasks` and :mod:`posenc.lab.experiments`: synthetic order tasks and small transformers to train
+  (the encodings by name, the model, the training: ``experiments.registry``, ``.model``, ``.training``);
   :mod:`posenc.lab.tables` formats their results;
 * :mod:`posenc.lab.embeddings`: real pretrained token and position embeddings (MiniLM offline), and chapter 9's
   windows of text;
