@@ -401,6 +401,32 @@ def test_gemma3_local_and_global_bases(make):
         posenc.use_posenc_rope(model, {"sliding_attention": changed["sliding_attention"]})
 
 
+@pytest.mark.parametrize(
+    "flat",
+    [{"rope_type": "default", "rope_theta": None}, {"rope_type": "linear", "factor": 8.0, "rope_theta": 1e6}],
+    ids=["as_transformers_5_15_leaves_it", "a_flat_table_the_model_ignores"],
+)
+def test_gemma3_reads_the_nested_tables_beside_flat_keys(tiny_model, flat):
+    """transformers 5.15 builds a Gemma 3 config whose layer_types lack one of its rope types (here: no global
+    layer) with flat keys beside the nested tables; Gemma 3's rotary embedding reads only the nested ones, and so
+    must posenc (it raised "rope_parameters has the key 'sliding_attention'" before). The config is given that
+    shape by hand, so the test holds under every transformers version."""
+    model = tiny_model(tf.Gemma3TextConfig, **KV, head_dim=8, sliding_window=8, layer_types=["sliding_attention"] * 2)
+    nested = {t: v for t, v in model.config.rope_parameters.items() if isinstance(v, dict)}
+    model.config.rope_parameters = {**nested, **flat}
+    x = ids(20)
+    own = logits(model, x)
+    positions = torch.arange(20)[None]
+    rotary = model.model.rotary_emb
+    own_cos, own_sin = type(rotary).forward(rotary, torch.zeros(1, 20, 1), positions, "sliding_attention")
+    with posenc.use_posenc_rope(model) as patched:
+        cos, sin = model._posenc_rope.cos_sin(positions, "sliding_attention")
+        assert torch.equal(logits(patched, x), own)
+    assert torch.equal(cos, own_cos) and torch.equal(sin, own_sin)
+    spec = posenc.layer_patterns.layer_pattern(model.config)[0]
+    assert spec.rope_parameters == {"rope_type": "default", "rope_theta": 10000.0}
+
+
 def test_phi3_longrope_switches_tables_at_the_original_length(make):
     model = make("phi3")
     short = ids(16)
