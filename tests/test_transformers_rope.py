@@ -55,6 +55,8 @@ def _configs():
     yield "olmo2", tf.Olmo2Config, KV
     yield "granite", tf.GraniteConfig, KV
     yield "cohere", tf.CohereConfig, KV  # interleaved pairs
+    # interleaved pairs, RoPE only in the sliding-window layers (its global layer is NoPE)
+    yield "cohere2", tf.Cohere2Config, dict(KV, sliding_window=8, layer_types=["sliding_attention", "full_attention"])
     yield "stablelm", tf.StableLmConfig, dict(KV, partial_rotary_factor=0.5)
     yield "phi", tf.PhiConfig, dict(KV, partial_rotary_factor=0.5)
     yield "starcoder2", tf.Starcoder2Config, KV
@@ -81,7 +83,7 @@ def _configs():
 
 
 CONFIGS = {name: (cls, kwargs) for name, cls, kwargs in _configs()}
-LAYOUTS = {"cohere": "interleaved"}  # every other family pairs halves
+LAYOUTS = {"cohere": "interleaved", "cohere2": "interleaved"}  # every other family pairs halves
 
 
 @pytest.fixture(scope="session")
@@ -131,6 +133,20 @@ def test_unchanged_logits_are_bit_identical(family):
     assert torch.equal(own, ours)
     assert torch.equal(own, logits(model, x))  # removed on exit
     assert getattr(model, "_posenc_rope", None) is None
+
+
+def test_layer_pattern_reads_what_the_model_does(family):
+    """posenc.layer_patterns reads from the config alone what the probe and the logits show: the layout, and which
+    layers rotate (a layer the model leaves unrotated is unchanged by nope_layers; a rotating one is changed)."""
+    name, model = family
+    specs = posenc.layer_patterns.layer_pattern(model.config)
+    x = ids(16)
+    own = logits(model, x)
+    for index, spec in enumerate(specs):
+        with posenc.use_posenc_rope(model, nope_layers=[index]) as patched:
+            assert spec.layout == model._posenc_rope.layout == LAYOUTS.get(name, "half")
+            assert model._posenc_rope.rotary_layers[index] == spec.rotary
+            assert torch.equal(logits(patched, x), own) == (not spec.rotary), (name, index)
 
 
 def assert_same_generation(model, x, **kwargs):
@@ -508,6 +524,15 @@ def test_capture_layers_returns_unrotated_qk(make):
         q, k = handle.captured[1]
     assert q.shape == (1, 4, 10, 8) and k.shape == (1, 2, 10, 8)
     assert list(handle.captured) == [1]
+
+
+def test_capture_refuses_a_layer_the_model_does_not_rotate(make):
+    model = make("cohere2")  # layer 0 sliding (rotates), layer 1 global (NoPE)
+    with pytest.raises(ValueError, match=r"capture_layers: layers \[1\] .*do not rotate.*rotate: \[0\]"):
+        posenc.use_posenc_rope(model, capture_layers=[1])
+    with torch.no_grad(), posenc.use_posenc_rope(model, capture_layers=[0]) as patched:
+        patched(ids(10, batch=1))
+        assert list(model._posenc_rope.captured) == [0]
 
 
 def test_gradients_flow(make):
