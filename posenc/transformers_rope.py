@@ -84,21 +84,9 @@ class PosencRope:
     the rotated features, the whole head for most models).
     """
 
-    def __init__(
-        self,
-        model,
-        rope_parameters=None,
-        *,
-        inv_freq=None,
-        attention_factor=None,
-        max_position_embeddings=None,
-        unrotate_pairs=None,
-        drop_pairs=None,
-        rotate_pairs=None,
-        nope_layers=(),
-        capture_layers=(),
-        rounding="float32",
-    ):
+    def __init__(self, model, rope_parameters, options: dict):
+        """Made by :func:`use_posenc_rope`, whose keyword arguments ``options`` holds by name."""
+        rounding, inv_freq = options["rounding"], options["inv_freq"]
         if rounding not in ROUNDINGS:
             raise ValueError(f"rounding must be one of {', '.join(map(repr, ROUNDINGS))}, got {rounding!r}")
         _, decoder = structure.find_decoder(model)
@@ -113,15 +101,15 @@ class PosencRope:
         self.layer_types = sorted(set(config.layer_types)) if structure.rotary_takes_layer_type(self.rotary) else [None]
         own = {t: structure.own_tables(self.rotary, t) for t in self.layer_types}
         self.head_dim = getattr(config, "head_dim", None) or config.hidden_size // config.num_attention_heads
-        self.max_position_embeddings = (
-            config.max_position_embeddings if max_position_embeddings is None else max_position_embeddings
-        )
-        self.parameters = self._parameters(rope_parameters, inv_freq, attention_factor)
+        chosen_length = options["max_position_embeddings"]
+        self.max_position_embeddings = config.max_position_embeddings if chosen_length is None else chosen_length
+        self.parameters = self._parameters(rope_parameters, inv_freq, options["attention_factor"])
         self.pairs = self._table(self.layer_types[0], 1)[0].shape[0]
         self._check_pair_count(own[self.layer_types[0]][0].shape[-1] // 2, inv_freq, rope_parameters)
-        self._choose_layers(nope_layers, capture_layers)
+        self._choose_layers(tuple(options["nope_layers"]), tuple(options["capture_layers"]))
         self.captured: dict[int, tuple[torch.Tensor, torch.Tensor]] = {}
-        self._edit_pairs(unrotate_pairs, drop_pairs, rotate_pairs, own[self.layer_types[0]][0].device)
+        pair_edits = (options[name] for name in ("unrotate_pairs", "drop_pairs", "rotate_pairs"))
+        self._edit_pairs(*pair_edits, own[self.layer_types[0]][0].device)
 
         probed = {}  # attention class -> (forward, rotations): one probe per class, not per layer
         self._plans = [self._plan(index, own, probed) for index in range(len(self.layers))]
@@ -426,16 +414,6 @@ def use_posenc_rope(
         ValueError: bad pairs, layers, tables or ``rounding``.
         RuntimeError: the model is already patched.
     """
-    return PosencRope(
-        model,
-        rope_parameters,
-        inv_freq=inv_freq,
-        attention_factor=attention_factor,
-        max_position_embeddings=max_position_embeddings,
-        unrotate_pairs=unrotate_pairs,
-        drop_pairs=drop_pairs,
-        rotate_pairs=rotate_pairs,
-        nope_layers=tuple(nope_layers),
-        capture_layers=tuple(capture_layers),
-        rounding=rounding,
-    )
+    options = dict(locals())  # every argument above, by name
+    del options["model"], options["rope_parameters"]
+    return PosencRope(model, rope_parameters, options)
