@@ -84,7 +84,7 @@ class PosencRope:
     the rotated features, the whole head for most models).
     """
 
-    def __init__(self, model, rope_parameters, options: dict):
+    def __init__(self, model, rope_parameters, options):
         """Made by :func:`use_posenc_rope`, whose keyword arguments ``options`` holds by name."""
         rounding, inv_freq = options["rounding"], options["inv_freq"]
         if rounding not in ROUNDINGS:
@@ -108,8 +108,8 @@ class PosencRope:
         self._check_pair_count(own[self.layer_types[0]][0].shape[-1] // 2, inv_freq, rope_parameters)
         self._choose_layers(tuple(options["nope_layers"]), tuple(options["capture_layers"]))
         self.captured: dict[int, tuple[torch.Tensor, torch.Tensor]] = {}
-        pair_edits = (options[name] for name in ("unrotate_pairs", "drop_pairs", "rotate_pairs"))
-        self._edit_pairs(*pair_edits, own[self.layer_types[0]][0].device)
+        device = own[self.layer_types[0]][0].device
+        self._edit_pairs(options["unrotate_pairs"], options["drop_pairs"], options["rotate_pairs"], device)
 
         probed = {}  # attention class -> (forward, rotations): one probe per class, not per layer
         self._plans = [self._plan(index, own, probed) for index in range(len(self.layers))]
