@@ -191,11 +191,11 @@ class LayerSpec:
     layout: str = "half"
 
 
-# Families that pair neighbouring features (2i, 2i + 1) (transformers' model_type; Llama 4 by a complex product,
-# Cohere and Cohere2 by their own rotate_half); every other family pairs halves (i, i + R/2).
+#: Families (transformers' ``model_type``) that pair neighbouring features ``(2i, 2i + 1)``: Llama 4 by a complex
+#: product, Cohere and Cohere2 by their own ``rotate_half``; every other family pairs halves ``(i, i + R/2)``.
 INTERLEAVED_FAMILIES = frozenset({"llama4_text", "cohere", "cohere2"})
-# Families whose attention rotates only in its sliding-window layers (Cohere2Attention: RoPE iff the layer has a
-# window), so a global layer, or every layer when sliding_window is None, is NoPE.
+#: Families whose attention rotates only in its sliding-window layers (``Cohere2Attention``: RoPE iff the layer has
+#: a window), so a global layer, or every layer when ``sliding_window`` is None, is NoPE.
 ROPE_ONLY_IN_SLIDING_LAYERS = frozenset({"cohere2"})
 
 

@@ -23,8 +23,8 @@ bf16, measured on CPU against a float64 run: rotating ``q`` ``(1, 8, 1024, 64)``
 10,000), the float32 default's error is the bf16 rounding of the exact result (mean 1.1e-3, max 1.6e-2);
 transformers' bf16 products give mean 1.8e-3 (max 2.7e-2) with a float32 ``inv_freq``, and mean 2.7e-2 (max 1.65)
 after ``model.to(torch.bfloat16)`` rounded the frequencies. On the last-token logits of a random 4-layer Llama
-(d 256, 1,024 tokens, 3 seeds) the other bf16 roundings dominate: mean error 2.12e-3 (default, ``rounding=
-"float32"``) against 2.13e-3 (the model's own), within the spread over seeds.
+(d 256, 1,024 tokens, 3 seeds) the other bf16 roundings dominate: mean error 2.12e-3 (the float32 default)
+against 2.13e-3 (``rounding="model"``), within the spread over seeds.
 
 Pairs are numbered as in posenc: pair ``i`` holds features ``i`` and ``i + R/2`` of the rotated part (half
 layout; features ``2i`` and ``2i + 1`` in the interleaved layout) and turns at ``inv_freq[i]``, so pair 0 is the
