@@ -8,6 +8,7 @@ Today's models do not give every layer the same encoding:
   (:func:`attention_temperature`, the plug-in :class:`AttentionTemperature`), and its RoPE layers attend within
   chunks (``attention_chunk_size``).
 * Gemma 3 rotates in every layer, with one table per layer type (local sliding-window layers and global ones).
+* Cohere2 (Command R7B, Command A) rotates only in its sliding-window layers; its global layers are NoPE.
 * Local layers attend within a window (:class:`LocalWindow`: a sliding window, or Llama 4's chunks).
 
 :func:`layer_pattern` reads any of these from a transformers config, one :class:`LayerSpec` per layer, and
@@ -179,7 +180,7 @@ class LayerSpec:
     (``"full_attention"``, ``"sliding_attention"``, ``"chunked_attention"``) or None; ``window``: the sliding window
     or attention chunk of that type (None: global); ``temperature``: ``(floor_scale, attn_scale)`` where the
     layer scales q by :func:`attention_temperature` (Llama 4's NoPE layers), else None; ``layout``: the pairing
-    of the rotated features (Llama 4 rotates interleaved pairs, the others half-split ones).
+    of the rotated features (Llama 4, Cohere and Cohere2 rotate interleaved pairs, the others half-split ones).
     """
 
     rotary: bool
@@ -190,35 +191,59 @@ class LayerSpec:
     layout: str = "half"
 
 
+#: Families (transformers' ``model_type``) that pair neighbouring features ``(2i, 2i + 1)``: Llama 4 by a complex
+#: product, Cohere and Cohere2 by their own ``rotate_half``; every other family pairs halves ``(i, i + R/2)``.
+INTERLEAVED_FAMILIES = frozenset({"llama4_text", "cohere", "cohere2"})
+#: Families whose attention rotates only in its sliding-window layers (``Cohere2Attention``: RoPE iff the layer has
+#: a window), so a global layer, or every layer when ``sliding_window`` is None, is NoPE.
+ROPE_ONLY_IN_SLIDING_LAYERS = frozenset({"cohere2"})
+
+
 def _text_config(config):
     if isinstance(config, dict) or not hasattr(config, "to_dict"):
         raise TypeError(f"config must be a transformers config, got {type(config).__name__}")
     return config.get_text_config() if hasattr(config, "get_text_config") else config
 
 
-def layer_pattern(config) -> list[LayerSpec]:
-    """One :class:`LayerSpec` per layer of a transformers (text) config.
+def rotary_layers(config) -> list[bool]:
+    """Whether each layer of a transformers (text) config rotates q and k (True) or is NoPE (False).
 
     Read: ``num_hidden_layers``; ``no_rope_layers`` (Llama 4, SmolLM3: 1 = RoPE, 0 = NoPE; absent: every layer
-    rotates); ``layer_types`` with ``sliding_window`` (sliding layers) or ``attention_chunk_size`` (chunked
-    layers); ``rope_parameters`` flat or per layer type (Gemma 3), through
-    :func:`posenc.rope_parameters_from_config`; ``attn_temperature_tuning``, ``floor_scale`` and ``attn_scale``
-    (Llama 4's NoPE layers). A multimodal config (Llama 4's ``Llama4Config``) is read through its text config.
+    rotates); for the families of :data:`ROPE_ONLY_IN_SLIDING_LAYERS` (Cohere2), ``layer_types`` and
+    ``sliding_window``: only a ``"sliding_attention"`` layer with a window rotates.
     """
     config = _text_config(config)
     n_layers = require_int("config.num_hidden_layers", config.num_hidden_layers, minimum=1)
-    rotary = getattr(config, "no_rope_layers", None)
-    rotary = [True] * n_layers if rotary is None else [bool(flag) for flag in rotary]
+    flags = getattr(config, "no_rope_layers", None)
+    rotary = [True] * n_layers if flags is None else [bool(flag) for flag in flags]
     if len(rotary) < n_layers:
         raise ValueError(f"config.no_rope_layers must give each of the {n_layers} layers, got {len(rotary)}")
-    types = getattr(config, "layer_types", None) or [None] * n_layers
+    if getattr(config, "model_type", None) in ROPE_ONLY_IN_SLIDING_LAYERS:
+        types = getattr(config, "layer_types", None) or [None] * n_layers
+        has_window = getattr(config, "sliding_window", None) is not None
+        rotary = [flag and types[i] == "sliding_attention" and has_window for i, flag in enumerate(rotary)]
+    return rotary[:n_layers]
+
+
+def layer_pattern(config) -> list[LayerSpec]:
+    """One :class:`LayerSpec` per layer of a transformers (text) config.
+
+    Read: which layers rotate (:func:`rotary_layers`); ``layer_types`` with ``sliding_window`` (sliding layers)
+    or ``attention_chunk_size`` (chunked layers); ``rope_parameters`` flat or per layer type (Gemma 3), through
+    :func:`posenc.rope_parameters_from_config`; ``attn_temperature_tuning``, ``floor_scale`` and ``attn_scale``
+    (Llama 4's NoPE layers). A multimodal config (Llama 4's ``Llama4Config``) is read through its text config.
+    The family (``config.model_type``) decides the layout (:data:`INTERLEAVED_FAMILIES`).
+    """
+    rotary = rotary_layers(config)
+    config = _text_config(config)
+    types = getattr(config, "layer_types", None) or [None] * len(rotary)
     nested = per_layer_types(getattr(config, "rope_parameters", None))
     temperature = None
     if getattr(config, "attn_temperature_tuning", False):
         temperature = (config.floor_scale, config.attn_scale)
-    layout = "interleaved" if type(config).__name__.startswith("Llama4") else "half"
+    layout = "interleaved" if getattr(config, "model_type", None) in INTERLEAVED_FAMILIES else "half"
     specs = []
-    for index in range(n_layers):
+    for index, rotates in enumerate(rotary):
         layer_type = types[index]
         window = None
         if layer_type == "sliding_attention" and getattr(config, "use_sliding_window", True):
@@ -226,11 +251,9 @@ def layer_pattern(config) -> list[LayerSpec]:
         elif layer_type == "chunked_attention":
             window = getattr(config, "attention_chunk_size", None)
         parameters = None
-        if rotary[index]:
+        if rotates:
             parameters = rope_parameters_from_config(config, layer_type=layer_type if nested else None)
-        specs.append(
-            LayerSpec(rotary[index], parameters, layer_type, window, None if rotary[index] else temperature, layout)
-        )
+        specs.append(LayerSpec(rotates, parameters, layer_type, window, None if rotates else temperature, layout))
     return specs
 
 
@@ -239,8 +262,11 @@ __all__ = [
     "attention_temperature",
     "AttentionTemperature",
     "WINDOW_MODES",
+    "INTERLEAVED_FAMILIES",
+    "ROPE_ONLY_IN_SLIDING_LAYERS",
     "LocalWindow",
     "LayerEncodings",
     "LayerSpec",
+    "rotary_layers",
     "layer_pattern",
 ]

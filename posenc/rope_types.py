@@ -375,12 +375,15 @@ def check_rope_parameters(rope_parameters: dict | None) -> dict:
 
 def per_layer_types(rope_parameters) -> list[str]:
     """The layer types of a nested ``rope_parameters`` (``{"sliding_attention": {...}, "full_attention": {...}}``,
-    as in Gemma 3's config), sorted; ``[]`` for a flat one."""
-    if not isinstance(rope_parameters, dict) or not rope_parameters:
+    as in Gemma 3's config), sorted; ``[]`` for a flat one.
+
+    A layer type is a key whose value is a dict (no flat key holds one). transformers 5.15 can leave flat keys
+    beside the nested ones (a Gemma 3 config whose ``layer_types`` lack one of its rope types gains
+    ``"rope_type": "default", "rope_theta": None``); the model reads only the nested dicts, and so does posenc.
+    """
+    if not isinstance(rope_parameters, dict):
         return []
-    if all(isinstance(value, dict) for value in rope_parameters.values()):
-        return sorted(rope_parameters)
-    return []
+    return sorted(key for key, value in rope_parameters.items() if isinstance(value, dict))
 
 
 # legacy config attributes (before transformers gathered them in rope_parameters) -> rope_parameters keys

@@ -10,8 +10,21 @@ model keeps its own position ids, masks and cache. The same call runs the experi
         logits = patched(input_ids).logits
     handle = posenc.use_posenc_rope(model, unrotate_pairs=range(4))   # stays until handle.remove()
 
-Support is decided by the model's structure (:mod:`posenc._transformers_structure`), not by its class name: see
-:func:`use_posenc_rope`. transformers is never imported here; the model brings it.
+Supported, decided by the model's structure (:mod:`posenc._transformers_structure`) and not by its class name:
+any model (causal LM, base model, task head such as ``...ForSequenceClassification``, a subclass, a multimodal
+wrapper through its language model) whose decoder holds ``rotary_emb`` returning real ``(cos, sin)`` tables and
+``layers`` whose attention takes ``position_embeddings`` and calls a module-level rotation of ``(q, k, cos, sin)``
+that a probe with the model's own tables finds to be the half layout (Llama and most families; partial rotary as
+in Phi, StableLM and GPT-NeoX), the interleaved layout (Cohere, Cohere2), or DeepSeek-V3's interleaved-in, half-out
+rotation. Anything else (Llama 4's complex product) gets a TypeError saying what was found. transformers is never
+imported here; the model brings it.
+
+bf16, measured on CPU against a float64 run: rotating ``q`` ``(1, 8, 1024, 64)`` at positions 0 to 1023 (theta
+10,000), the float32 default's error is the bf16 rounding of the exact result (mean 1.1e-3, max 1.6e-2);
+transformers' bf16 products give mean 1.8e-3 (max 2.7e-2) with a float32 ``inv_freq``, and mean 2.7e-2 (max 1.65)
+after ``model.to(torch.bfloat16)`` rounded the frequencies. On the last-token logits of a random 4-layer Llama
+(d 256, 1,024 tokens, 3 seeds) the other bf16 roundings dominate: mean error 2.12e-3 (the float32 default)
+against 2.13e-3 (``rounding="model"``), within the spread over seeds.
 
 Pairs are numbered as in posenc: pair ``i`` holds features ``i`` and ``i + R/2`` of the rotated part (half
 layout; features ``2i`` and ``2i + 1`` in the interleaved layout) and turns at ``inv_freq[i]``, so pair 0 is the
@@ -26,6 +39,7 @@ import torch
 
 from . import _transformers_structure as structure
 from ._checks import check_inv_freq
+from .layer_patterns import rotary_layers
 from .rope import apply_rope_qk, rope_cos_sin
 from .rope_types import (
     ROPE_TYPES,
@@ -63,26 +77,16 @@ class PosencRope:
     Attributes: ``model`` (the model given), ``decoder`` (its module holding ``rotary_emb`` and ``layers``),
     ``layout`` (``"half"`` or ``"interleaved"``: how the model lays out its pairs), ``rotations`` (per layer,
     ``{function name: layout}``: the rotation functions its attention calls and what a probe found them to be),
-    ``rounding``, and
+    ``rounding``, ``rotary_layers`` (per layer, whether the model itself rotates there, read from its config by
+    :func:`posenc.layer_patterns.rotary_layers`: False on SmolLM3's NoPE layers and Cohere2's global layers), and
     ``captured``: ``{layer: (q, k)}``, the un-rotated queries ``(B, H, L, R)`` and keys ``(B, H_kv, L, R)`` that
     the layers in ``capture_layers`` handed to their rotation at the last forward pass (detached copies; ``R``
     the rotated features, the whole head for most models).
     """
 
-    def __init__(
-        self,
-        model,
-        rope_parameters,
-        inv_freq,
-        attention_factor,
-        max_position_embeddings,
-        unrotate_pairs,
-        drop_pairs,
-        rotate_pairs,
-        nope_layers,
-        capture_layers,
-        rounding="float32",
-    ):
+    def __init__(self, model, rope_parameters, options):
+        """Made by :func:`use_posenc_rope`, whose keyword arguments ``options`` holds by name."""
+        rounding, inv_freq = options["rounding"], options["inv_freq"]
         if rounding not in ROUNDINGS:
             raise ValueError(f"rounding must be one of {', '.join(map(repr, ROUNDINGS))}, got {rounding!r}")
         _, decoder = structure.find_decoder(model)
@@ -97,49 +101,18 @@ class PosencRope:
         self.layer_types = sorted(set(config.layer_types)) if structure.rotary_takes_layer_type(self.rotary) else [None]
         own = {t: structure.own_tables(self.rotary, t) for t in self.layer_types}
         self.head_dim = getattr(config, "head_dim", None) or config.hidden_size // config.num_attention_heads
-        self.max_position_embeddings = (
-            config.max_position_embeddings if max_position_embeddings is None else max_position_embeddings
-        )
-        self.parameters = self._parameters(rope_parameters, inv_freq, attention_factor)
-        self.pairs = pairs = self._table(self.layer_types[0], 1)[0].shape[0]
-        own_pairs = own[self.layer_types[0]][0].shape[-1] // 2
-        if pairs != own_pairs:
-            given = "inv_freq" if inv_freq is not None else "rope_parameters" if rope_parameters is not None else None
-            message = (
-                f"the model's rotary embedding rotates {own_pairs} pairs per head, "
-                f"{given or 'the table read from its config'} gives {pairs}"
-            )
-            raise ValueError(message) if given else TypeError(message)
-
-        unrotate = _pair_set("unrotate_pairs", unrotate_pairs, pairs)
-        if rotate_pairs is not None:
-            kept = set(_pair_set("rotate_pairs", rotate_pairs, pairs))
-            unrotate = sorted(set(unrotate) | {i for i in range(pairs) if i not in kept})
-        drop = _pair_set("drop_pairs", drop_pairs, pairs)
-        if set(unrotate) & set(drop):
-            raise ValueError(f"a pair cannot be both dropped and un-rotated: {sorted(set(unrotate) & set(drop))}")
-        n_layers = len(self.layers)
-        for name, chosen in (("nope_layers", nope_layers), ("capture_layers", capture_layers)):
-            if any(isinstance(i, bool) or not isinstance(i, int) or not 0 <= i < n_layers for i in chosen):
-                raise ValueError(f"{name} must hold layer indices in [0, {n_layers}), got {sorted(chosen)}")
-        self.nope_layers, self.capture_layers = sorted(set(nope_layers)), sorted(set(capture_layers))
+        chosen_length = options["max_position_embeddings"]
+        self.max_position_embeddings = config.max_position_embeddings if chosen_length is None else chosen_length
+        self.parameters = self._parameters(rope_parameters, inv_freq, options["attention_factor"])
+        self.pairs = self._table(self.layer_types[0], 1)[0].shape[0]
+        self._check_pair_count(own[self.layer_types[0]][0].shape[-1] // 2, inv_freq, rope_parameters)
+        self._choose_layers(tuple(options["nope_layers"]), tuple(options["capture_layers"]))
         self.captured: dict[int, tuple[torch.Tensor, torch.Tensor]] = {}
-
-        # decided once here, so that a forward pass holds no data-dependent branch and no host read
         device = own[self.layer_types[0]][0].device
-        self._unrotate = torch.zeros(pairs, dtype=torch.bool, device=device)
-        self._unrotate[unrotate] = True
-        self._keep = None if not drop else (~torch.isin(torch.arange(pairs), torch.tensor(drop))).float().to(device)
-        self._has_unrotate = bool(unrotate)
-        self._static = {}  # layer type -> (inv_freq (R/2,) float32 on the model's device, attention_factor)
-        for t in self.layer_types:
-            spec = self.parameters[t]
-            if isinstance(spec, tuple) or not ROPE_TYPES[spec["rope_type"]].uses_seq_len:
-                table, factor = self._table(t, None)
-                self._static[t] = (self._masked(table.to(device)), factor)
+        self._edit_pairs(options["unrotate_pairs"], options["drop_pairs"], options["rotate_pairs"], device)
 
         probed = {}  # attention class -> (forward, rotations): one probe per class, not per layer
-        self._plans = [self._plan(index, own, probed) for index in range(n_layers)]
+        self._plans = [self._plan(index, own, probed) for index in range(len(self.layers))]
         layouts = sorted({plan[2] for plan in self._plans})
         if len(layouts) > 1:
             raise TypeError(
@@ -151,6 +124,54 @@ class PosencRope:
         if rope_parameters is None and inv_freq is None:
             self._check_own_tables(own)
         self._apply()
+
+    def _check_pair_count(self, own_pairs: int, inv_freq, rope_parameters) -> None:
+        if self.pairs == own_pairs:
+            return
+        given = "inv_freq" if inv_freq is not None else "rope_parameters" if rope_parameters is not None else None
+        message = (
+            f"the model's rotary embedding rotates {own_pairs} pairs per head, "
+            f"{given or 'the table read from its config'} gives {self.pairs}"
+        )
+        raise ValueError(message) if given else TypeError(message)
+
+    def _choose_layers(self, nope_layers, capture_layers) -> None:
+        """Check and keep ``nope_layers`` and ``capture_layers``; read which layers the model itself rotates."""
+        n_layers = len(self.layers)
+        for name, chosen in (("nope_layers", nope_layers), ("capture_layers", capture_layers)):
+            if any(isinstance(i, bool) or not isinstance(i, int) or not 0 <= i < n_layers for i in chosen):
+                raise ValueError(f"{name} must hold layer indices in [0, {n_layers}), got {sorted(chosen)}")
+        self.nope_layers, self.capture_layers = sorted(set(nope_layers)), sorted(set(capture_layers))
+        flags = rotary_layers(self.config)  # from the config: SmolLM3's no_rope_layers, Cohere2's global layers
+        self.rotary_layers = flags if len(flags) == n_layers else [True] * n_layers
+        not_rotating = [i for i in self.capture_layers if not self.rotary_layers[i]]
+        if not_rotating:
+            raise ValueError(
+                f"capture_layers: layers {not_rotating} of {type(self.model).__name__} do not rotate (its own NoPE "
+                f"layers), so they hand no q and k to a rotation; layers that rotate: "
+                f"{[i for i, rotates in enumerate(self.rotary_layers) if rotates]}"
+            )
+
+    def _edit_pairs(self, unrotate_pairs, drop_pairs, rotate_pairs, device) -> None:
+        """Decided once here, so that a forward pass holds no data-dependent branch and no host read."""
+        pairs = self.pairs
+        unrotate = _pair_set("unrotate_pairs", unrotate_pairs, pairs)
+        if rotate_pairs is not None:
+            kept = set(_pair_set("rotate_pairs", rotate_pairs, pairs))
+            unrotate = sorted(set(unrotate) | {i for i in range(pairs) if i not in kept})
+        drop = _pair_set("drop_pairs", drop_pairs, pairs)
+        if set(unrotate) & set(drop):
+            raise ValueError(f"a pair cannot be both dropped and un-rotated: {sorted(set(unrotate) & set(drop))}")
+        self._unrotate = torch.zeros(pairs, dtype=torch.bool, device=device)
+        self._unrotate[unrotate] = True
+        self._keep = None if not drop else (~torch.isin(torch.arange(pairs), torch.tensor(drop))).float().to(device)
+        self._has_unrotate = bool(unrotate)
+        self._static = {}  # layer type -> (inv_freq (R/2,) float32 on the model's device, attention_factor)
+        for t in self.layer_types:
+            spec = self.parameters[t]
+            if isinstance(spec, tuple) or not ROPE_TYPES[spec["rope_type"]].uses_seq_len:
+                table, factor = self._table(t, None)
+                self._static[t] = (self._masked(table.to(device)), factor)
 
     # ---------------------------------------------------------------------------------------- the tables
     def _parameters(self, rope_parameters, inv_freq, attention_factor) -> dict:
@@ -360,67 +381,39 @@ def use_posenc_rope(
     capture_layers=(),
     rounding: str = "float32",
 ) -> PosencRope:
-    """Patch one transformers model instance to rotate with posenc; returns a :class:`PosencRope`.
+    """Patch one transformers model instance (any the module docstring supports) to rotate with posenc.
 
-    The patch holds until ``remove()`` (or the end of a ``with`` block, whose ``as`` target is ``model``). It
-    belongs to this instance only: its rotary embedding and its attention modules get instance attributes, and the
-    modeling module (``apply_rotary_pos_emb``) and every other model of the same family stay as they were.
-
-    Supported, decided by structure and not by class name: any model (causal LM, base model, task head such as
-    ``...ForSequenceClassification``, a subclass, a multimodal wrapper through its language model) whose decoder
-    holds ``rotary_emb`` returning real ``(cos, sin)`` tables and ``layers`` whose attention takes
-    ``position_embeddings`` and calls a module-level rotation of ``(q, k, cos, sin)`` that a probe with the model's
-    own tables finds to be the half layout (Llama and most families; partial rotary as in Phi, StableLM and
-    GPT-NeoX), the interleaved layout (Cohere), or DeepSeek-V3's interleaved-in, half-out rotation. Anything else
-    (Llama 4's complex product) gets a TypeError saying what was found.
+    The patch holds until ``remove()`` (or the end of a ``with`` block, whose ``as`` target is ``model``), on this
+    instance only: the modeling module and every other model of the same family stay as they were.
 
     Args:
         model: a transformers ``torch.nn.Module``.
         rope_parameters: ``None`` keeps the model's own (:func:`posenc.rope_parameters_from_config`); a flat dict
-            (any ``rope_type`` of :data:`posenc.ROPE_TYPES`) replaces every layer's; for a model with a table per
-            layer type (Gemma 3) a dict per type (``sliding_attention``, ``full_attention``). Length-dependent
-            types (dynamic, LongRoPE) are evaluated at ``max(position_ids) + 1`` of each forward pass, as
-            transformers does, with tensor operations (no host read).
-        inv_freq: ``(R/2,)`` an explicit table instead, with ``attention_factor`` (default 1).
-        max_position_embeddings: what the tables read as the trained length (default: the config's).
-        unrotate_pairs: pairs held at angle 0 (their content stays in every logit, without position);
-            ``rotate_pairs``: the only pairs that keep turning (the others are un-rotated); ``drop_pairs``: pairs
-            whose query and key features are zeroed (removed from every logit). Each: indices or a bool
-            ``(R/2,)`` tensor.
+            (any ``rope_type`` of :data:`posenc.ROPE_TYPES`) replaces every layer's; a dict per layer type for a
+            model with a table per type (Gemma 3). Length-dependent types (dynamic, LongRoPE) read
+            ``max(position_ids) + 1`` of each forward pass, as transformers does, as a tensor (no host read).
+        inv_freq: ``(R/2,)`` an explicit table instead, with ``attention_factor`` (default 1);
+            ``max_position_embeddings``: what the tables read as the trained length (default: the config's).
+        unrotate_pairs: pairs held at angle 0 (content kept, position gone); ``rotate_pairs``: the only pairs
+            that keep turning; ``drop_pairs``: pairs whose q and k features are zeroed (removed from every
+            logit). Each: indices or a bool ``(R/2,)`` tensor.
         nope_layers: layer indices that get no rotation at all (SmolLM3's own NoPE layers stay NoPE).
-        capture_layers: layer indices whose un-rotated q and k are kept in ``.captured`` (see PosencRope).
-        rounding: ``"float32"`` (default): the tables stay float32 (from the config, in float32) and posenc rotates
-            in float32, rounding once to the model's dtype; ``"model"``: posenc's tables are rounded as the model
-            rounds its own (through the dtype of its ``inv_freq`` buffer, which ``model.to(torch.bfloat16)`` makes
-            bf16, then cast to the activations' dtype) and the model's own rotation function does the products
-            and sums, so with nothing changed a bf16 model computes its own logits bit for bit (tested on CPU;
-            GPU unverified). In float32 the two are identical.
-
-    bf16, measured on CPU against a float64 run: rotating ``q`` ``(1, 8, 1024, 64)`` at positions 0 to 1023
-    (theta 10,000), the float32 default's error is the bf16 rounding of the exact result (mean 1.1e-3, max
-    1.6e-2); transformers' bf16 products give mean 1.8e-3 (max 2.7e-2) with a float32 ``inv_freq``, and mean
-    2.7e-2 (max 1.65) after ``model.to(torch.bfloat16)`` rounded the frequencies. On the last-token logits of a
-    random 4-layer Llama (d 256, 1,024 tokens, 3 seeds) the other bf16 roundings dominate: mean error 2.12e-3
-    (default) against 2.13e-3 (the model's own), within the spread over seeds.
+        capture_layers: layers whose un-rotated q and k are kept in ``.captured`` (see PosencRope); a layer
+            the model does not rotate is refused.
+        rounding: ``"float32"`` (default): float32 tables, posenc rotates in float32 and rounds once to the
+            model's dtype; ``"model"``: posenc's tables rounded as the model rounds its own (through the dtype of
+            its ``inv_freq`` buffer, bf16 after ``model.to(torch.bfloat16)``) and the model's own rotation does
+            the products and sums, so a bf16 model computes its own logits bit for bit (tested on CPU; GPU
+            unverified). Identical in float32. Their errors in bf16: the module docstring.
 
     Returns:
         The :class:`PosencRope` handle (``remove()``, ``captured``, context manager).
 
     Raises:
-        TypeError: a model that does not rotate with cos/sin as above (the message says what was found).
+        TypeError: a model that does not rotate with cos/sin (the message says what was found).
         ValueError: bad pairs, layers, tables or ``rounding``.
         RuntimeError: the model is already patched.
     """
-    return PosencRope(
-        model,
-        rope_parameters,
-        inv_freq,
-        attention_factor,
-        max_position_embeddings,
-        unrotate_pairs,
-        drop_pairs,
-        rotate_pairs,
-        tuple(nope_layers),
-        tuple(capture_layers),
-        rounding,
-    )
+    options = dict(locals())  # every argument above, by name
+    del options["model"], options["rope_parameters"]
+    return PosencRope(model, rope_parameters, options)

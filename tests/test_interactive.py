@@ -7,7 +7,7 @@ import time
 
 import pytest
 
-from posenc.lab import interactive
+from posenc.lab import figure_images, interactive
 
 
 def draw(fig, scale, offset=0.0):
@@ -70,13 +70,9 @@ def test_smallest_font_ignores_hidden_axes_and_empty_texts():
     hidden.tick_params(labelsize=5)
     hidden.axis("off")
     fig.text(0.5, 0.5, "", fontsize=3)
-    from matplotlib.backends.backend_agg import FigureCanvasAgg
-
-    FigureCanvasAgg(fig).draw()  # tick labels get their text when drawn
-    assert interactive._min_font_pt(fig) == 10
+    assert figure_images.render_static(fig).min_font_pt == 10  # read after the draw that gives tick labels text
     hidden.axis("on")
-    FigureCanvasAgg(fig).draw()
-    assert interactive._min_font_pt(fig) == 5
+    assert figure_images.render_static(fig).min_font_pt == 5
 
 
 def test_joint_frames_are_subsampled_to_the_budget_and_keep_the_ends():
@@ -380,3 +376,19 @@ def test_a_label_slider_starts_at_its_default():
     assert _closest_index(["NoPE", "RoPE", "PaTH"], "PaTH") == 2
     assert _closest_index([0.0, 0.5, 1.0], 0.6) == 1  # numbers: the closest
     assert _closest_index([1, 2, 3], 2) == 1
+
+
+def test_options_and_sliders_of_interactive_figure():
+    """interactive_figure: a keyword named as an InteractiveFigure option is that option (colors included), any
+    other keyword a slider; the book's helpers stay importable from interactive."""
+
+    def draw(fig, scale, offset):
+        fig.subplots().plot([0, 1], [offset, scale])
+
+    figure = interactive.interactive_figure(
+        draw, "a line", show=False, defaults={"scale": 2}, colors=16, dpi=50, scale=range(4), offset=[0.0, 1.0]
+    )
+    assert set(figure.sliders) == {"scale", "offset"} and figure.defaults == {"scale": 2, "offset": 1.0}
+    assert (figure.colors, figure.dpi) == (16, 50)
+    assert set(interactive.FIGURE_OPTIONS) >= {"defaults", "figsize", "dpi", "colors", "keep_axes", "max_bytes"}
+    assert interactive.show_figure is figure_images.show_figure and interactive.frames_dir is figure_images.frames_dir

@@ -134,3 +134,11 @@ def test_bad_input(lm, ids):
         L.load_language_model("/nonexistent/model.gguf")
     with pytest.raises(ValueError, match="token_losses|at least 2"):
         L.token_losses(lm, ids[:1])
+
+
+def test_token_losses_takes_only_the_table_and_pair_arguments():
+    ids = torch.arange(5)
+    with pytest.raises(TypeError, match="capture_layers"):
+        L.token_losses(None, ids, capture_layers=[0])  # would change what rope_forward returns
+    with pytest.raises(TypeError, match="at most 3 table arguments"):
+        L.token_losses(None, ids, None, None, None, 64)  # chunk is a keyword

@@ -127,6 +127,19 @@ def test_llama4_pattern_is_the_models_own():
     assert lp.layer_pattern(tf.Llama4Config(text_config=config.to_dict())) == pattern  # through the text config
 
 
+def test_cohere2_rotates_only_its_sliding_layers_in_interleaved_pairs():
+    """Cohere2Attention rotates iff its layer has a sliding window (transformers' modeling_cohere2), with its own
+    interleaved rotate_half; tests/test_transformers_rope.py checks the same against a model's logits."""
+    pattern = lp.layer_pattern(tf.Cohere2Config(**COMMON, sliding_window=8))  # transformers' default 3:1 pattern
+    assert [spec.rotary for spec in pattern] == [True, True, True, False]
+    assert [spec.window for spec in pattern] == [8, 8, 8, None]
+    assert {spec.layout for spec in pattern} == {"interleaved"} and pattern[3].rope_parameters is None
+    assert pattern[0].rope_parameters == {"rope_type": "default", "rope_theta": 10000.0}
+    assert lp.rotary_layers(tf.Cohere2Config(**COMMON, sliding_window=None)) == [False] * 4  # no window: no RoPE
+    assert {spec.layout for spec in lp.layer_pattern(tf.CohereConfig(**COMMON))} == {"interleaved"}
+    assert lp.rotary_layers(tf.Gemma3TextConfig(**COMMON)) == [True] * 4  # Gemma 3 rotates its global layers too
+
+
 def test_smollm3_pattern_reproduces_the_model_through_use_posenc_rope(tiny_model):
     config = tf.SmolLM3Config(**COMMON)
     pattern = lp.layer_pattern(config)

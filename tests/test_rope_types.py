@@ -7,7 +7,13 @@ import torch
 from reference_rope import HEAD_DIM, MAX_POSITIONS, ROPE_CASES, llama_rotary, rope_parameters
 
 import posenc
-from posenc.rope_types import ROPE_FREQUENCY_FUNCTIONS, ROPE_TYPES
+from posenc.rope_types import (
+    ROPE_FREQUENCY_FUNCTIONS,
+    ROPE_TYPES,
+    check_rope_parameters,
+    per_layer_types,
+    rope_parameters_from_config,
+)
 
 
 @pytest.mark.parametrize("case", sorted(ROPE_CASES))
@@ -308,3 +314,22 @@ def test_yarn_keeps_the_fastest_pair_of_an_8_dimensional_head_where_the_papers_r
     paper = (1 - gamma) * rope / 8 + gamma * rope
     assert math.isclose(gamma[0], (16 / (2 * math.pi) - 1) / 31, rel_tol=1e-12)
     assert 5.92 < rope[0] / paper[0] < 5.94
+
+
+def test_layer_types_are_the_nested_dicts_even_beside_flat_keys():
+    """transformers 5.15's Gemma 3 config can hold flat keys beside the per-layer-type tables: the layer types are
+    the keys holding a dict, and a layer type reads its own table."""
+    sliding, full = (
+        {"rope_type": "default", "rope_theta": 1e4},
+        {"rope_type": "linear", "rope_theta": 1e6, "factor": 8.0},
+    )
+    mixed = {"sliding_attention": sliding, "full_attention": full, "rope_type": "default", "rope_theta": None}
+    assert per_layer_types(mixed) == ["full_attention", "sliding_attention"]
+    assert per_layer_types({"rope_type": "default", "rope_theta": 1e4}) == [] and per_layer_types(None) == []
+    config = {"rope_parameters": mixed, "max_position_embeddings": 64}
+    assert rope_parameters_from_config(config, layer_type="full_attention") == full
+    assert rope_parameters_from_config(config, layer_type="sliding_attention") == sliding
+    with pytest.raises(ValueError, match="one rope_parameters per layer type"):
+        rope_parameters_from_config(config)
+    with pytest.raises(ValueError, match="per layer type"):
+        check_rope_parameters(mixed)

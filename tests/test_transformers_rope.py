@@ -55,6 +55,8 @@ def _configs():
     yield "olmo2", tf.Olmo2Config, KV
     yield "granite", tf.GraniteConfig, KV
     yield "cohere", tf.CohereConfig, KV  # interleaved pairs
+    # interleaved pairs, RoPE only in the sliding-window layers (its global layer is NoPE)
+    yield "cohere2", tf.Cohere2Config, dict(KV, sliding_window=8, layer_types=["sliding_attention", "full_attention"])
     yield "stablelm", tf.StableLmConfig, dict(KV, partial_rotary_factor=0.5)
     yield "phi", tf.PhiConfig, dict(KV, partial_rotary_factor=0.5)
     yield "starcoder2", tf.Starcoder2Config, KV
@@ -81,7 +83,7 @@ def _configs():
 
 
 CONFIGS = {name: (cls, kwargs) for name, cls, kwargs in _configs()}
-LAYOUTS = {"cohere": "interleaved"}  # every other family pairs halves
+LAYOUTS = {"cohere": "interleaved", "cohere2": "interleaved"}  # every other family pairs halves
 
 
 @pytest.fixture(scope="session")
@@ -131,6 +133,20 @@ def test_unchanged_logits_are_bit_identical(family):
     assert torch.equal(own, ours)
     assert torch.equal(own, logits(model, x))  # removed on exit
     assert getattr(model, "_posenc_rope", None) is None
+
+
+def test_layer_pattern_reads_what_the_model_does(family):
+    """posenc.layer_patterns reads from the config alone what the probe and the logits show: the layout, and which
+    layers rotate (a layer the model leaves unrotated is unchanged by nope_layers; a rotating one is changed)."""
+    name, model = family
+    specs = posenc.layer_patterns.layer_pattern(model.config)
+    x = ids(16)
+    own = logits(model, x)
+    for index, spec in enumerate(specs):
+        with posenc.use_posenc_rope(model, nope_layers=[index]) as patched:
+            assert spec.layout == model._posenc_rope.layout == LAYOUTS.get(name, "half")
+            assert model._posenc_rope.rotary_layers[index] == spec.rotary
+            assert torch.equal(logits(patched, x), own) == (not spec.rotary), (name, index)
 
 
 def assert_same_generation(model, x, **kwargs):
@@ -401,6 +417,32 @@ def test_gemma3_local_and_global_bases(make):
         posenc.use_posenc_rope(model, {"sliding_attention": changed["sliding_attention"]})
 
 
+@pytest.mark.parametrize(
+    "flat",
+    [{"rope_type": "default", "rope_theta": None}, {"rope_type": "linear", "factor": 8.0, "rope_theta": 1e6}],
+    ids=["as_transformers_5_15_leaves_it", "a_flat_table_the_model_ignores"],
+)
+def test_gemma3_reads_the_nested_tables_beside_flat_keys(tiny_model, flat):
+    """transformers 5.15 builds a Gemma 3 config whose layer_types lack one of its rope types (here: no global
+    layer) with flat keys beside the nested tables; Gemma 3's rotary embedding reads only the nested ones, and so
+    must posenc (it raised "rope_parameters has the key 'sliding_attention'" before). The config is given that
+    shape by hand, so the test holds under every transformers version."""
+    model = tiny_model(tf.Gemma3TextConfig, **KV, head_dim=8, sliding_window=8, layer_types=["sliding_attention"] * 2)
+    nested = {t: v for t, v in model.config.rope_parameters.items() if isinstance(v, dict)}
+    model.config.rope_parameters = {**nested, **flat}
+    x = ids(20)
+    own = logits(model, x)
+    positions = torch.arange(20)[None]
+    rotary = model.model.rotary_emb
+    own_cos, own_sin = type(rotary).forward(rotary, torch.zeros(1, 20, 1), positions, "sliding_attention")
+    with posenc.use_posenc_rope(model) as patched:
+        cos, sin = model._posenc_rope.cos_sin(positions, "sliding_attention")
+        assert torch.equal(logits(patched, x), own)
+    assert torch.equal(cos, own_cos) and torch.equal(sin, own_sin)
+    spec = posenc.layer_patterns.layer_pattern(model.config)[0]
+    assert spec.rope_parameters == {"rope_type": "default", "rope_theta": 10000.0}
+
+
 def test_phi3_longrope_switches_tables_at_the_original_length(make):
     model = make("phi3")
     short = ids(16)
@@ -482,6 +524,15 @@ def test_capture_layers_returns_unrotated_qk(make):
         q, k = handle.captured[1]
     assert q.shape == (1, 4, 10, 8) and k.shape == (1, 2, 10, 8)
     assert list(handle.captured) == [1]
+
+
+def test_capture_refuses_a_layer_the_model_does_not_rotate(make):
+    model = make("cohere2")  # layer 0 sliding (rotates), layer 1 global (NoPE)
+    with pytest.raises(ValueError, match=r"capture_layers: layers \[1\] .*do not rotate.*rotate: \[0\]"):
+        posenc.use_posenc_rope(model, capture_layers=[1])
+    with torch.no_grad(), posenc.use_posenc_rope(model, capture_layers=[0]) as patched:
+        patched(ids(10, batch=1))
+        assert list(model._posenc_rope.captured) == [0]
 
 
 def test_gradients_flow(make):

@@ -255,6 +255,44 @@ def same_platform(record: dict, threads: int = 1) -> bool:
     return record.get("machine") == machine(threads) and record.get("versions", {}).get("torch") == torch.__version__
 
 
+def _is_fraction(value) -> bool:
+    return not isinstance(value, bool) and isinstance(value, (int, float)) and 0 <= value <= 1
+
+
+def _run_of(entry: dict, where: str, lengths: list, with_depth: bool) -> ex.Run:
+    """One entry of the results file as a :class:`~posenc.lab.experiments.Run`, every figure checked (accuracies
+    at ``lengths``, the final loss, the depth accuracies where ``with_depth``, the fresh evaluations); ``where``
+    names the entry in an error (``"todays_models.json: runs[3]"``)."""
+    accuracy = entry.get("accuracy", {})
+    for n in lengths:
+        if not _is_fraction(accuracy.get(n)):
+            raise ValueError(f"{where}.accuracy[{n!r}] must be a number in [0, 1], got {accuracy.get(n)!r}")
+    loss = entry.get("final_loss")
+    if isinstance(loss, bool) or not isinstance(loss, (int, float)) or not math.isfinite(loss):
+        raise ValueError(f"{where}.final_loss must be a finite number, got {loss!r}")
+    task, name, seed = entry.get("task"), entry.get("encoding"), entry.get("seed")
+    run = ex.Run(task, name, seed, [loss], {int(n): accuracy[n] for n in lengths})
+    depth_keys = [depth_key(n, d) for n, d in DEPTHS] if with_depth else []
+    if with_depth:
+        depth = entry.get("depth", {})
+        for key in depth_keys:
+            if not _is_fraction(depth.get(key)):
+                raise ValueError(f"{where}.depth[{key!r}] must be a number in [0, 1], got {depth.get(key)!r}")
+        run.depth = {key: depth[key] for key in depth_keys}
+    fresh_keys = [str(n) for n in FRESH_LENGTHS] + depth_keys
+    fresh = entry.get("fresh", {})
+    for key in fresh_keys:
+        value = fresh.get(key, {})
+        numbers = [value.get(field) for field in ("accuracy", "sequence_sd")] if isinstance(value, dict) else [None]
+        if not all(map(_is_fraction, numbers)) or value.get("sequences") != FRESH_SEQUENCES:
+            raise ValueError(
+                f"{where}.fresh[{key!r}] must hold accuracy and sequence_sd in [0, 1] over {FRESH_SEQUENCES} "
+                f"sequences, got {value!r}"
+            )
+    run.fresh = {key: dict(fresh[key]) for key in fresh_keys}
+    return run
+
+
 def load_results(path=None) -> tuple:
     """Read the committed study (default :data:`RESULTS_FILE`): ``(record, runs)``, runs as
     :class:`~posenc.lab.experiments.Run` without models. Raises FileNotFoundError saying how to make the file, and
@@ -276,42 +314,7 @@ def load_results(path=None) -> tuple:
         if key in seen:
             raise ValueError(f"{path.name}: runs[{index}] repeats {key}")
         seen.add(key)
-        accuracy = entry.get("accuracy", {})
-        for n in lengths:
-            value = accuracy.get(n)
-            if isinstance(value, bool) or not isinstance(value, (int, float)) or not 0 <= value <= 1:
-                raise ValueError(
-                    f"{path.name}: runs[{index}].accuracy[{n!r}] must be a number in [0, 1], got {value!r}"
-                )
-        loss = entry.get("final_loss")
-        if isinstance(loss, bool) or not isinstance(loss, (int, float)) or not math.isfinite(loss):
-            raise ValueError(f"{path.name}: runs[{index}].final_loss must be a finite number, got {loss!r}")
-        run = ex.Run(key[0], key[1], key[2], [loss], {int(n): accuracy[n] for n in lengths})
-        if key[0] == expected["tasks"][2]:
-            depth = entry.get("depth", {})
-            for name in (depth_key(n, d) for n, d in DEPTHS):
-                value = depth.get(name)
-                if isinstance(value, bool) or not isinstance(value, (int, float)) or not 0 <= value <= 1:
-                    raise ValueError(
-                        f"{path.name}: runs[{index}].depth[{name!r}] must be a number in [0, 1], got {value!r}"
-                    )
-            run.depth = {name: depth[name] for name in (depth_key(n, d) for n, d in DEPTHS)}
-        fresh_keys = [str(n) for n in FRESH_LENGTHS] + (
-            [depth_key(n, d) for n, d in DEPTHS] if key[0] == expected["tasks"][2] else []
-        )
-        fresh = entry.get("fresh", {})
-        for name in fresh_keys:
-            value = fresh.get(name, {})
-            numbers = [value.get(field) for field in ("accuracy", "sequence_sd")] if isinstance(value, dict) else [None]
-            if any(isinstance(x, bool) or not isinstance(x, (int, float)) or not 0 <= x <= 1 for x in numbers) or (
-                value.get("sequences") != FRESH_SEQUENCES
-            ):
-                raise ValueError(
-                    f"{path.name}: runs[{index}].fresh[{name!r}] must hold accuracy and sequence_sd in "
-                    f"[0, 1] over {FRESH_SEQUENCES} sequences, got {value!r}"
-                )
-        run.fresh = {name: dict(fresh[name]) for name in fresh_keys}
-        runs.append(run)
+        runs.append(_run_of(entry, f"{path.name}: runs[{index}]", lengths, key[0] == expected["tasks"][2]))
     wanted = {(task, name, seed) for task in expected["tasks"] for name in NAMES for seed in config.seeds}
     if seen != wanted:
         missing = sorted(wanted - seen, key=str)[:3]

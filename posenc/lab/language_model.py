@@ -245,37 +245,27 @@ def rope_forward(
     return (result, captured) if capture_layers else result
 
 
-def token_losses(
-    lm: LanguageModel,
-    input_ids: torch.Tensor,
-    inv_freq: torch.Tensor | None = None,
-    attention_factor: float | None = None,
-    drop_pairs=None,
-    chunk: int = 1024,
-    *,
-    unrotate_pairs=None,
-    rope_parameters: dict | None = None,
-) -> torch.Tensor:
-    """Next-token cross-entropy at every position, ``(B, L - 1)`` float32 (nats), with posenc's RoPE (the table
-    and pair arguments of :func:`rope_forward`).
+TABLE_ARGUMENTS = ("inv_freq", "attention_factor", "drop_pairs", "unrotate_pairs", "rope_parameters")
+
+
+def token_losses(lm: LanguageModel, input_ids: torch.Tensor, *table, chunk: int = 1024, **changes) -> torch.Tensor:
+    """Next-token cross-entropy at every position, ``(B, L - 1)`` float32 (nats), with posenc's RoPE: ``table``
+    and ``changes`` are :func:`rope_forward`'s table and pair arguments (:data:`TABLE_ARGUMENTS`: ``inv_freq``,
+    ``attention_factor``, ``drop_pairs`` in that order or by name, ``unrotate_pairs``, ``rope_parameters``).
 
     The vocabulary projection runs ``chunk`` positions at a time, so a 16k-token sequence never holds its full
     ``(L, V)`` logits.
     """
     input_ids = _check_ids(input_ids)
     require_int("chunk", chunk, minimum=1)
+    if len(table) > 3 or set(changes) - set(TABLE_ARGUMENTS):
+        raise TypeError(
+            f"token_losses takes at most 3 table arguments and the keywords {', '.join(TABLE_ARGUMENTS)}, got "
+            f"{len(table)} and {sorted(changes)}"
+        )
     if input_ids.shape[1] < 2:
         raise ValueError("input_ids needs at least 2 tokens to have a next-token loss")
-    hidden = rope_forward(
-        lm,
-        input_ids,
-        inv_freq,
-        attention_factor,
-        drop_pairs,
-        return_hidden=True,
-        unrotate_pairs=unrotate_pairs,
-        rope_parameters=rope_parameters,
-    )
+    hidden = rope_forward(lm, input_ids, *table, return_hidden=True, **changes)
     losses = []
     with torch.no_grad():
         for begin in range(0, input_ids.shape[1] - 1, chunk):

@@ -84,6 +84,34 @@ def study_bands(length: int, trained: int = TRAINED) -> list[tuple[int, int]]:
     return [(a, b) for a, b in chosen if b <= length]
 
 
+def _dynamic_ntk(run, head_dim: int, chosen, trained: int, tables: dict, results: dict) -> dict:
+    """Dynamic NTK's entry of the record (factor 1): the table of a pass depends on its length ``L`` (scale
+    ``max(1, L / trained)``), so band ``[a, b)`` comes from a pass of ``b`` tokens (``run(name, parameters, seq_len,
+    size)``), or from a method of ``tables`` (name -> (inv_freq, attention_factor)) that already ran the identical
+    table over at least ``b`` tokens (causality gives the band)."""
+    import posenc
+
+    dynamic = {"rope_type": "dynamic", "rope_theta": 100000.0, "factor": 1.0}
+    bands_of, seconds_of = {}, 0.0
+    for a, b in chosen:
+        inv_freq, attention_factor = posenc.rope_frequencies(head_dim, dynamic, trained, b)
+        same = [
+            name for name, table in tables.items() if torch.equal(table[0], inv_freq) and table[1] == attention_factor
+        ]
+        if same:
+            bands_of[f"{a}-{b}"] = results[same[0]]["bands"][f"{a}-{b}"]
+            continue
+        losses, seconds = run(f"dynamic NTK at {b}", dynamic, b, b)
+        seconds_of += seconds
+        bands_of[f"{a}-{b}"] = losses[a:b].double().mean().item()
+    return {
+        "rope_parameters": dynamic,
+        "seq_len": "length of the pass",
+        "seconds": round(seconds_of, 1),
+        "bands": bands_of,
+    }
+
+
 def run_methods(
     lm,
     ids: torch.Tensor,
@@ -131,26 +159,7 @@ def run_methods(
             partial.parent.mkdir(parents=True, exist_ok=True)
             partial.write_text(json.dumps(results, indent=1) + "\n")
 
-    # dynamic NTK (factor 1): the table of a pass depends on its length L (scale max(1, L / trained))
-    dynamic = {"rope_type": "dynamic", "rope_theta": 100000.0, "factor": 1.0}
-    dynamic_bands, dynamic_seconds = {}, 0.0
-    for a, b in chosen:
-        inv_freq, attention_factor = posenc.rope_frequencies(lm.head_dim, dynamic, trained, b)
-        same = [
-            name for name, table in tables.items() if torch.equal(table[0], inv_freq) and table[1] == attention_factor
-        ]
-        if same:  # an identical table already ran over >= b tokens: causality gives the band
-            dynamic_bands[f"{a}-{b}"] = results[same[0]]["bands"][f"{a}-{b}"]
-            continue
-        losses, seconds = run(f"dynamic NTK at {b}", dynamic, b, b)
-        dynamic_seconds += seconds
-        dynamic_bands[f"{a}-{b}"] = losses[a:b].double().mean().item()
-    results["dynamic NTK"] = {
-        "rope_parameters": dynamic,
-        "seq_len": "length of the pass",
-        "seconds": round(dynamic_seconds, 1),
-        "bands": dynamic_bands,
-    }
+    results["dynamic NTK"] = _dynamic_ntk(run, lm.head_dim, chosen, trained, tables, results)
     return results
 
 
