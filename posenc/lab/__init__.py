@@ -12,6 +12,8 @@
   posenc's RoPE; :mod:`posenc.lab.long_context`: chapter 12's study of it beyond its trained context (not imported
   here);
 * :mod:`posenc.lab.geometry`: positional distributions, Hellinger distances, classical MDS, stress;
+* :mod:`posenc.lab.experiments_study`: chapter 11's trained study (ALiBi's slope family, the budget check on fetch)
+  and its attention probes (not imported here);
 * :mod:`posenc.lab.hybrid_study`: chapter 13's trained comparison of layer patterns (not imported here);
 * :mod:`posenc.lab.beyond_axioms`: chapter 14's trained comparison on the counting task (not imported here);
 * :mod:`posenc.lab.results`: the committed results of the make targets (``posenc/lab/data/``) and how they are read.

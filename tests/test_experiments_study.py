@@ -1,0 +1,164 @@
+"""posenc.lab.experiments_study: chapter 11's study (ALiBi's slope family, the budget check on fetch), its committed
+file posenc/lab/data/experiments_study.json (make experiments-study), its thin command line and the attention probes."""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+
+import pytest
+import torch
+
+from book.tools import experiments_study as tool
+from posenc.lab import experiments as ex
+from posenc.lab import experiments_study as study
+
+
+@pytest.fixture
+def registry(monkeypatch):
+    monkeypatch.setattr(ex, "ENCODINGS", dict(ex.ENCODINGS))  # registrations end with the test
+
+
+def tiny(**changes):
+    return dataclasses.replace(ex.ExperimentConfig(), length_factors=(1, 2), steps=2, seeds=(0,), **changes)
+
+
+def trained(name, config, seed=0):
+    model = ex.build_model(name, config, seed)
+    model.eval()
+    return model
+
+
+def test_slope_family_is_registered_with_its_slopes(registry):
+    names = study.register_slope_family()
+    assert names == list(study.SLOPE_FAMILY) and study.FAMILY == ("alibi", *names)
+    for name, slopes in study.SLOPE_FAMILY.items():
+        assert ex.build_model(name, ex.ExperimentConfig(), 0).encoding.slopes.tolist() == list(slopes)
+    assert ex.encoding_label("alibi-1") == "ALiBi, slopes 1, 1/2, 1/4, 1/8"
+    assert study.register_slope_family() == names  # again: no error
+
+
+def test_fresh_and_validation_batches_are_new_sequences():
+    config = ex.ExperimentConfig()
+    fresh, validation = study.fresh_config(config), study.validation_config(config)
+    assert fresh.eval_batch(512) == study.FRESH_SEQUENCES
+    assert all(fresh.eval_batch(n) >= 128 for n in config.eval_lengths)
+    task = study.chapter_tasks()[1]
+    for other in (fresh, validation):
+        for n in (16, 512):
+            table = ex.evaluation_data(task, n, config)[0]
+            assert not torch.equal(ex.evaluation_data(task, n, other)[0][:8], table[:8])
+
+
+def test_sequence_accuracy_pools_to_the_harness_accuracy():
+    config = tiny()
+    task = study.chapter_tasks()[1]
+    models = [trained("rope", config, seed) for seed in (0, 1)]
+    per_sequence = study.sequence_accuracy(models, task, 32, config)
+    assert per_sequence.shape == (2, config.eval_batch(32))
+    for model, row in zip(models, per_sequence):  # every sequence holds the same number of targets
+        assert row.mean().item() == pytest.approx(ex.evaluate(model, task, 32, config)[0], abs=1e-6)
+    with pytest.raises(ValueError, match="models"):
+        study.sequence_accuracy([], task, 32, config)
+
+
+def test_attention_probes_on_uniform_attention():
+    # q = k = 0: every query attends uniformly to itself and the past, so the profile is known exactly
+    config = tiny()
+    model = trained("nope-causal", config)
+    with torch.no_grad():
+        for block in model.blocks:
+            block.q.weight.zero_()
+            block.k.weight.zero_()
+    length, from_query = 24, 8
+    tokens = torch.randint(config.vocab_size, (3, length), generator=torch.Generator().manual_seed(0))
+    profile = study.attention_by_offset([model, model], tokens, from_query)
+    assert profile.shape == (2, length)
+    queries = torch.arange(from_query, length, dtype=torch.float64)
+    offsets = torch.arange(length, dtype=torch.float64)
+    expected = ((offsets[None, :] <= queries[:, None]) / (queries[:, None] + 1)).mean(0)
+    torch.testing.assert_close(profile[0].double(), expected, atol=1e-6, rtol=0)
+    torch.testing.assert_close(profile.sum(-1), torch.ones(2), atol=1e-5, rtol=0)
+    for beyond in (0, 5, 12):
+        far = study.far_attention([model], tokens, beyond, from_query)
+        assert far.shape == (1,) and far[0].item() == pytest.approx(expected[beyond + 1 :].sum().item(), abs=1e-6)
+
+
+def test_attention_probes_refuse_bad_input():
+    model = trained("nope-causal", tiny())
+    tokens = torch.zeros(2, 8, dtype=torch.long)
+    with pytest.raises(ValueError, match="from_query"):
+        study.far_attention([model], tokens, 1, 8)
+    with pytest.raises(TypeError, match="tokens"):
+        study.attention_by_offset([model], tokens[0], 0)
+    with pytest.raises(ValueError, match="models"):
+        study.attention_by_offset([], tokens, 0)
+
+
+def test_a_tiny_plan_records_counts_and_reads_back(registry):
+    config = tiny()
+    slopes = study.slope_study(config)
+    task = study.chapter_tasks()[0]
+    entry = slopes[task.name]["alibi-4"]
+    assert entry["seeds"] == [0] and set(entry["accuracy"]) == {"16", "32"}
+    assert entry["fresh_targets"] == {"32": 30}
+    assert len(entry["fresh"]["32"][0]) == study.fresh_config(config).eval_batch(32)
+    assert entry["validation_targets"] == {"32": 30}
+    runs = study.runs_of(slopes[task.name], task.name)
+    assert {r.encoding for r in runs} == set(study.FAMILY)
+    assert ex.accuracy_spread(runs, task.name, "alibi-4", 32)[0] == entry["accuracy"]["32"][0]
+    assert study.fresh_accuracy(entry, 32).shape == (1, study.fresh_config(config).eval_batch(32))
+
+
+def test_compact_json_keeps_the_record():
+    record = {"a": [1, 2, 3], "b": {"c": [[0.5, 1e-05], [-2, 3]]}, "d": "x [1, 2]"}
+    text = tool.compact_json(record)
+    assert json.loads(text) == record and "[1,2,3]" in text
+
+
+def test_committed_file_matches_the_plan():
+    data = study.load()
+    config = ex.ExperimentConfig()
+    assert data["budget_steps"] == [config.steps, 3 * config.steps] and data["budget_seeds"] == [0, 1, 2]
+    for task in study.chapter_tasks():
+        for name in study.FAMILY:
+            entry = data["slopes"][task.name][name]
+            assert entry["seeds"] == list(config.seeds)
+            assert [len(row) for row in entry["fresh"]["512"]] == [study.FRESH_SEQUENCES] * len(config.seeds)
+            assert len(entry["validation"]["32"][0]) == config.eval_batch(32)
+    for steps in data["budget_steps"]:
+        part = data["budget"][str(steps)]
+        assert list(part) == list(study.BUDGET_NAMES)
+        for entry in part.values():
+            assert entry["seeds"] == [0, 1, 2]
+            assert {int(n): len(rows[0]) for n, rows in entry["fresh"].items()} == {
+                n: study.fresh_config(config).eval_batch(n) for n in config.eval_lengths
+            }
+            assert all(entry["fresh_targets"][str(n)] == n - 1 for n in config.eval_lengths)  # fetch position 1
+
+
+def test_load_names_a_field_that_disagrees(tmp_path):
+    data = study.load()
+    data["budget_seeds"] = [7]
+    path = tmp_path / "study.json"
+    path.write_text(json.dumps(data))
+    with pytest.raises(ValueError, match="budget_seeds"):
+        study.load(path)
+    with pytest.raises(FileNotFoundError, match="make experiments-study"):
+        study.load(tmp_path / "missing.json")
+
+
+def test_one_member_retrained_reproduces_the_file(registry):
+    """Seeded training on the file's CPU, threads and torch gives the file's numbers bit for bit (and a model's
+    numbers do not depend on what was trained beside it)."""
+    data = study.load()
+    if not study.same_platform(data):
+        pytest.skip("another CPU or torch than the file's: training rounds differently")
+    study.register_slope_family()
+    config = dataclasses.replace(ex.ExperimentConfig(), seeds=(0,))
+    task = study.chapter_tasks()[0]
+    with ex.threads(1):
+        run = ex.run_plan([(task, "alibi-4")], config)[0]
+    entry = data["slopes"][task.name]["alibi-4"]
+    assert run.losses[-1] == entry["final_loss"][0]
+    assert [run.accuracy[n] for n in config.eval_lengths] == [entry["accuracy"][str(n)][0] for n in config.eval_lengths]
