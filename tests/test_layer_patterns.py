@@ -2,6 +2,7 @@
 
 import pytest
 import torch
+from conftest import TINY_SIZES
 
 import posenc
 from posenc import layer_patterns as lp
@@ -9,17 +10,9 @@ from posenc import layer_patterns as lp
 tf = pytest.importorskip("transformers")
 from transformers.models.llama4.modeling_llama4 import Llama4TextAttention  # noqa: E402
 
+# conftest's tiny sizes with four layers of two heads, and the special tokens Llama 4's config asks for
 COMMON = dict(
-    vocab_size=97,
-    hidden_size=32,
-    intermediate_size=64,
-    num_hidden_layers=4,
-    num_attention_heads=2,
-    num_key_value_heads=2,
-    max_position_embeddings=64,
-    pad_token_id=0,
-    bos_token_id=1,
-    eos_token_id=2,
+    TINY_SIZES, num_hidden_layers=4, num_attention_heads=2, num_key_value_heads=2, bos_token_id=1, eos_token_id=2
 )
 
 
