@@ -129,9 +129,10 @@ long-context: $(STAMP) $(MODEL_CACHE)
 	nice -n 10 $(PY) -m book.tools.long_context --threads 2 --part window --output posenc/lab/data/long_context_window.json
 
 # chapter 13: five four-layer models x three tasks x five seeds in chapter 11's harness, plus the marker task at depth -> posenc/lab/data/todays_models.json
-# (a few minutes on one core)
+# (a few minutes on one core); then the 3x-budget check (600 steps, two seeds) -> posenc/lab/data/todays_models_budget.json (about 10 minutes)
 todays-models: $(STAMP)
 	nice -n 10 $(PY) -m book.tools.todays_models --threads 1 --output posenc/lab/data/todays_models.json
+	nice -n 10 $(PY) -m book.tools.todays_models --threads 1 --part budget --output posenc/lab/data/todays_models_budget.json
 
 ## make beyond-axioms: chapter 14's trained comparison on the counting task (every encoding, five seeds, k = 2 and the k = 1 control), written to
 ## posenc/lab/data/beyond_axioms.json (the chapter reads it and retrains one seed live as a spot check); then the
