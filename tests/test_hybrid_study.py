@@ -224,3 +224,42 @@ def test_fresh_view_swaps_in_the_fresh_numbers_and_keeps_the_fixed_ones():
     assert torch.equal(
         hs.evaluation_batch(task, 256, config, 224)[0], hs.deep_marker_data(task, 256, 224, config, fresh=True)[0]
     )
+
+
+def test_committed_budget_check_matches_the_code():
+    record, runs = hs.load_budget()
+    config = hs.budget_config()
+    assert config.steps == hs.BUDGET_STEPS == 3 * hs.study_config().steps and len(config.seeds) >= 2
+    assert len(runs) == sum(len(names) for _, names in hs.BUDGET_PLAN) * len(config.seeds)
+    assert {run.task for run in runs} == {task for task, _ in hs.BUDGET_PLAN}
+    marker = hs.study_tasks()[2].name
+    for run in runs:
+        assert all(entry["sequences"] == hs.FRESH_SEQUENCES >= 128 for entry in run.fresh.values())
+        assert (run.task == marker) == hasattr(run, "depth")
+    assert record["plan"] == [[task, list(names)] for task, names in hs.BUDGET_PLAN]
+    assert "todays_models" in record["command"] and record["machine"]["threads"] == 1
+
+
+def test_load_budget_fails_clearly(tmp_path):
+    with pytest.raises(FileNotFoundError, match="--part budget"):
+        hs.load_budget(tmp_path / "absent.json")
+    with pytest.raises(ValueError, match="config"):  # the study's own file: 200 steps, five seeds
+        hs.load_budget(hs.RESULTS_FILE)
+    record = json.loads(hs.BUDGET_FILE.read_text())
+    broken = tmp_path / "broken.json"
+    broken.write_text(json.dumps(dict(record, runs=record["runs"][1:])))
+    with pytest.raises(ValueError, match="every task x name x seed"):
+        hs.load_budget(broken)
+
+
+def test_the_make_target_writes_the_budget_part(tmp_path, monkeypatch):
+    tools = pytest.importorskip("book.tools.todays_models")
+    _, runs = hs.load_budget()
+    monkeypatch.setattr(hs, "train_budget", lambda threads=1: (hs.budget_config(), runs))
+    output = tmp_path / "budget.json"
+    assert tools.main(["--part", "budget", "--output", str(output)]) == 0
+    record, again = hs.load_budget(output)
+    assert [(r.task, r.encoding, r.seed, r.accuracy, r.fresh) for r in again] == [
+        (r.task, r.encoding, r.seed, r.accuracy, r.fresh) for r in runs
+    ]
+    assert record["plan"] == [[task, list(names)] for task, names in hs.BUDGET_PLAN]
