@@ -7,7 +7,9 @@ RoPE in every layer, causal NoPE in every layer, the 3:1 hybrid (layers 0-2 RoPE
 Llama 4's without its chunks), RNoPE-SWA (the hybrid with its RoPE layers in a sliding window of :data:`WINDOW`
 tokens) and its control, the same windowed RoPE in every layer. :func:`train_study` trains them;
 ``book/tools/todays_models.py`` (``make todays-models``) writes the result to :data:`RESULTS_FILE`, which ships
-with the package, and :func:`load_results` reads it back, checked.
+with the package, and :func:`load_results` reads it back, checked. The 3x-budget check (:func:`train_budget`, the
+target's ``--part budget``) retrains the models two of the chapter's claims are about with 600 steps on three seeds
+into :data:`BUDGET_FILE` (:func:`load_budget`).
 """
 
 from __future__ import annotations
