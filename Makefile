@@ -129,9 +129,10 @@ long-context: $(STAMP) $(MODEL_CACHE)
 	nice -n 10 $(PY) -m book.tools.long_context --threads 2 --part window --output posenc/lab/data/long_context_window.json
 
 # chapter 13: five four-layer models x three tasks x five seeds in chapter 11's harness, plus the marker task at depth -> posenc/lab/data/todays_models.json
-# (a few minutes on one core)
+# (a few minutes on one core); then the 3x-budget check (600 steps, three seeds) -> posenc/lab/data/todays_models_budget.json (about 7 minutes)
 todays-models: $(STAMP)
 	nice -n 10 $(PY) -m book.tools.todays_models --threads 1 --output posenc/lab/data/todays_models.json
+	nice -n 10 $(PY) -m book.tools.todays_models --threads 1 --part budget --output posenc/lab/data/todays_models_budget.json
 
 ## make experiments-study: chapter 11's trained study (ALiBi's slope family on both tasks, five seeds; the budget check on fetch:
 ## every encoding that fails it at 200 steps, again at 600 on three seeds, scored on fresh sequences at every length), written to

@@ -189,20 +189,26 @@ def test_load_results_fails_clearly(tmp_path):
         hs.load_results(broken)
 
 
-def test_the_make_target_writes_what_load_results_reads(tmp_path, monkeypatch):
-    # book/tools/todays_models.py (make todays-models), with the training replaced by the committed runs
+@pytest.mark.parametrize("part", ["study", "budget"])
+def test_the_make_target_writes_what_load_results_reads(tmp_path, monkeypatch, part):
+    # book/tools/todays_models.py (make todays-models, both parts), with the training replaced by the committed runs
     tools = pytest.importorskip("book.tools.todays_models")
-    _, runs = hs.load_results()
-    monkeypatch.setattr(hs, "train_study", lambda threads=1: (hs.study_config(), runs))
-    output = tmp_path / "study.json"
-    assert tools.main(["--output", str(output)]) == 0
-    record, again = hs.load_results(output)
+    train, load, config = {
+        "study": ("train_study", hs.load_results, hs.study_config),
+        "budget": ("train_budget", hs.load_budget, hs.budget_config),
+    }[part]
+    _, runs = load()
+    monkeypatch.setattr(hs, train, lambda threads=1: (config(), runs))
+    output = tmp_path / f"{part}.json"
+    assert tools.main(["--part", part, "--output", str(output)]) == 0
+    record, again = load(output)
     assert [(r.task, r.encoding, r.seed, r.accuracy) for r in again] == [
         (r.task, r.encoding, r.seed, r.accuracy) for r in runs
     ]
     assert [getattr(r, "depth", None) for r in again] == [getattr(r, "depth", None) for r in runs]
     assert [r.fresh for r in again] == [r.fresh for r in runs]
     assert "todays_models" in record["command"] and record["machine"]["threads"] == 1
+    assert ("plan" in record) == (part == "budget")
 
 
 def test_fresh_view_swaps_in_the_fresh_numbers_and_keeps_the_fixed_ones():
@@ -224,3 +230,29 @@ def test_fresh_view_swaps_in_the_fresh_numbers_and_keeps_the_fixed_ones():
     assert torch.equal(
         hs.evaluation_batch(task, 256, config, 224)[0], hs.deep_marker_data(task, 256, 224, config, fresh=True)[0]
     )
+
+
+def test_committed_budget_check_matches_the_code():
+    record, runs = hs.load_budget()
+    config = hs.budget_config()
+    assert config.steps == hs.BUDGET_STEPS == 3 * hs.study_config().steps and len(config.seeds) >= 2
+    assert len(runs) == sum(len(names) for _, names in hs.BUDGET_PLAN) * len(config.seeds)
+    assert {run.task for run in runs} == {task for task, _ in hs.BUDGET_PLAN}
+    marker = hs.study_tasks()[2].name
+    for run in runs:
+        assert all(entry["sequences"] == hs.FRESH_SEQUENCES >= 128 for entry in run.fresh.values())
+        assert (run.task == marker) == hasattr(run, "depth")
+    assert record["plan"] == [[task, list(names)] for task, names in hs.BUDGET_PLAN]
+    assert "todays_models" in record["command"] and record["machine"]["threads"] == 1
+
+
+def test_load_budget_fails_clearly(tmp_path):
+    with pytest.raises(FileNotFoundError, match="--part budget"):
+        hs.load_budget(tmp_path / "absent.json")
+    with pytest.raises(ValueError, match="config"):  # the study's own file: 200 steps, five seeds
+        hs.load_budget(hs.RESULTS_FILE)
+    record = json.loads(hs.BUDGET_FILE.read_text())
+    broken = tmp_path / "broken.json"
+    broken.write_text(json.dumps(dict(record, runs=record["runs"][1:])))
+    with pytest.raises(ValueError, match="every task x name x seed"):
+        hs.load_budget(broken)

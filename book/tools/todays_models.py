@@ -1,10 +1,13 @@
 """Chapter 13's trained comparison (:mod:`posenc.lab.hybrid_study`): five four-layer models (RoPE, causal NoPE, the
 3:1 hybrid, RNoPE-SWA and windowed RoPE) on chapter 11's two tasks and copy-after-the-first-marker, with its five
-seeds, written to ``posenc/lab/data/todays_models.json`` with the config and every seed's numbers.
+seeds, written to ``posenc/lab/data/todays_models.json`` with the config and every seed's numbers; with ``--part
+budget``, the 3x-budget check (:func:`posenc.lab.hybrid_study.train_budget`) to ``todays_models_budget.json``.
 
 Usage (what ``make todays-models`` runs)::
 
     nice -n 10 python -m book.tools.todays_models --threads 1 --output posenc/lab/data/todays_models.json
+    nice -n 10 python -m book.tools.todays_models --threads 1 --part budget \
+        --output posenc/lab/data/todays_models_budget.json
 """
 
 from __future__ import annotations
@@ -20,12 +23,15 @@ from posenc.lab.results import provenance
 def main(argv=None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--threads", type=int, default=1)
-    parser.add_argument("--output", default="posenc/lab/data/todays_models.json")
+    parser.add_argument("--part", choices=("study", "budget"), default="study")
+    parser.add_argument("--output", default=None, help="default: the part's file in posenc/lab/data")
     args = parser.parse_args(argv)
     from posenc.lab import hybrid_study
 
+    budget = args.part == "budget"
     start = time.perf_counter()
-    config, runs = hybrid_study.train_study(threads=args.threads)
+    train = hybrid_study.train_budget if budget else hybrid_study.train_study
+    config, runs = train(threads=args.threads)
     seconds = time.perf_counter() - start
     made = provenance(args.threads, "book.tools.todays_models")  # versions and command as every results file
     record = hybrid_study.results_record(
@@ -35,8 +41,10 @@ def main(argv=None) -> int:
         machine=hybrid_study.machine(args.threads),
         versions=made["versions"],
         command=made["command"],
+        **({"plan": [[task, list(names)] for task, names in hybrid_study.BUDGET_PLAN]} if budget else {}),
     )
-    output = Path(args.output)
+    default = hybrid_study.BUDGET_FILE if budget else hybrid_study.RESULTS_FILE
+    output = Path(args.output or f"posenc/lab/data/{default.name}")
     output.parent.mkdir(parents=True, exist_ok=True)
     output.write_text(json.dumps(record, indent=1) + "\n")
     print(f"wrote {output} in {seconds:.0f} s")

@@ -7,7 +7,9 @@ RoPE in every layer, causal NoPE in every layer, the 3:1 hybrid (layers 0-2 RoPE
 Llama 4's without its chunks), RNoPE-SWA (the hybrid with its RoPE layers in a sliding window of :data:`WINDOW`
 tokens) and its control, the same windowed RoPE in every layer. :func:`train_study` trains them;
 ``book/tools/todays_models.py`` (``make todays-models``) writes the result to :data:`RESULTS_FILE`, which ships
-with the package, and :func:`load_results` reads it back, checked.
+with the package, and :func:`load_results` reads it back, checked. The 3x-budget check (:func:`train_budget`, the
+target's ``--part budget``) retrains the models two of the chapter's claims are about with 600 steps on three seeds
+into :data:`BUDGET_FILE` (:func:`load_budget`).
 """
 
 from __future__ import annotations
@@ -69,10 +71,15 @@ def train_study(seeds=None, names=NAMES, tasks=None, threads: int = 1, device=No
     """Train ``names`` on ``tasks`` (default the three of :func:`study_tasks`) with ``seeds`` (default the config's
     five),
     all side by side: ``(config, runs)``, one :class:`~posenc.lab.experiments.Run` per task, name and seed."""
-    register()
     config = study_config() if seeds is None else replace(study_config(), seeds=tuple(seeds))
     plan = [(task, name) for task in (study_tasks() if tasks is None else tasks) for name in names]
-    # the marker task's runs also get ``run.depth``: accuracy per :func:`depth_key` of :data:`DEPTHS`
+    return config, _train_and_evaluate(plan, config, threads, device)
+
+
+def _train_and_evaluate(plan: list, config: ex.ExperimentConfig, threads: int, device) -> list:
+    """:func:`~posenc.lab.experiments.run_plan` on ``plan``, then every run's fresh evaluation (``run.fresh``) and,
+    on the marker task, its accuracy per :func:`depth_key` of :data:`DEPTHS` (``run.depth``)."""
+    register()
     with ex.threads(threads):
         runs = ex.run_plan(plan, config, device)
         marker = study_tasks()[2]
@@ -86,7 +93,45 @@ def train_study(seeds=None, names=NAMES, tasks=None, threads: int = 1, device=No
                 fresh = fresh_evaluation([run.model for run in group], tasks_by_name[group[0].task], config)
                 for run, result in zip(group, fresh):
                     run.fresh = result
-    return config, runs
+    return runs
+
+
+#: The 3x-budget check (``make todays-models``, part ``budget``): :data:`BUDGET_STEPS` training steps (the study's
+#: 200 times three) on the seeds :data:`BUDGET_SEEDS`, for the models two of the chapter's claims are about: the four
+#: with RoPE layers on the marker task (the two-by-two design of NoPE layer and window) and causal NoPE on copy-back.
+BUDGET_STEPS = 600
+BUDGET_SEEDS = (0, 1, 2)
+BUDGET_PLAN = (
+    ("copy after marker 1", ("rope", "hybrid", "rnope-swa", "rope-window")),
+    ("copy 2 back", ("nope-causal",)),
+)
+BUDGET_FILE = DATA_DIR / "todays_models_budget.json"
+
+
+def budget_config() -> ex.ExperimentConfig:
+    """:func:`study_config` with :data:`BUDGET_STEPS` steps and the seeds :data:`BUDGET_SEEDS`."""
+    return replace(study_config(), steps=BUDGET_STEPS, seeds=BUDGET_SEEDS)
+
+
+def _budget_plan() -> list:
+    tasks = {task.name: task for task in study_tasks()}
+    return [(tasks[task], name) for task, names in BUDGET_PLAN for name in names]
+
+
+def train_budget(threads: int = 1, device=None) -> tuple:
+    """Train the models of :data:`BUDGET_PLAN` with :func:`budget_config`, evaluated as :func:`train_study`'s (fresh
+    sequences, depth probes): ``(config, runs)``."""
+    config = budget_config()
+    return config, _train_and_evaluate(_budget_plan(), config, threads, device)
+
+
+def load_budget(path=None) -> tuple:
+    """Read the committed 3x-budget check (default :data:`BUDGET_FILE`): ``(record, runs)`` as :func:`load_results`'s,
+    runs as :class:`~posenc.lab.experiments.Run` without models (:func:`fresh_view` gives the fresh evaluation's).
+    Raises FileNotFoundError saying how to make the file, and ValueError naming the field that disagrees with this
+    module or is missing or out of range."""
+    plan = [(task.name, name) for task, name in _budget_plan()]
+    return _load(BUDGET_FILE, path, budget_config(), plan, "budget check", "--part budget, about 7 minutes")
 
 
 def fresh_data(task, length: int, config: ex.ExperimentConfig, sequences: int = FRESH_SEQUENCES):
@@ -298,15 +343,21 @@ def load_results(path=None) -> tuple:
     :class:`~posenc.lab.experiments.Run` without models. Raises FileNotFoundError saying how to make the file, and
     ValueError naming the field that disagrees with this module (config, window, names, tasks) or is missing or out of
     range (every task x name x seed present once, accuracies in [0, 1] at every evaluation length)."""
-    path, record = read_json(RESULTS_FILE.name, path, "study result", "`make todays-models` remakes it (a few minutes)")
-    expected = results_record(study_config(), [])
+    plan = [(task.name, name) for task in study_tasks() for name in NAMES]
+    return _load(RESULTS_FILE, path, study_config(), plan, "study result", "a few minutes")
+
+
+def _load(default, path, config: ex.ExperimentConfig, plan: list, what: str, how: str) -> tuple:
+    """:func:`load_results` and :func:`load_budget`: read and check ``path`` (default ``default``), made with
+    ``config``, holding every ``(task name, encoding name)`` of ``plan`` with every seed of ``config``."""
+    path, record = read_json(default.name, path, what, f"`make todays-models` remakes it ({how})")
+    expected = results_record(config, [])
     for key in ("config", "window", "depths", "fresh", "names", "tasks"):
         if record.get(key) != expected[key]:
             raise ValueError(
                 f"{path.name}: field {key!r} is {record.get(key)!r}, the code says {expected[key]!r}: "
                 "remake the file with `make todays-models`"
             )
-    config = study_config()
     lengths = [str(n) for n in config.eval_lengths]
     runs, seen = [], set()
     for index, entry in enumerate(record.get("runs", [])):
@@ -315,7 +366,7 @@ def load_results(path=None) -> tuple:
             raise ValueError(f"{path.name}: runs[{index}] repeats {key}")
         seen.add(key)
         runs.append(_run_of(entry, f"{path.name}: runs[{index}]", lengths, key[0] == expected["tasks"][2]))
-    wanted = {(task, name, seed) for task in expected["tasks"] for name in NAMES for seed in config.seeds}
+    wanted = {(task, name, seed) for task, name in plan for seed in config.seeds}
     if seen != wanted:
         missing = sorted(wanted - seen, key=str)[:3]
         raise ValueError(
@@ -350,4 +401,11 @@ __all__ = [
     "machine",
     "same_platform",
     "load_results",
+    "BUDGET_STEPS",
+    "BUDGET_SEEDS",
+    "BUDGET_PLAN",
+    "BUDGET_FILE",
+    "budget_config",
+    "train_budget",
+    "load_budget",
 ]
