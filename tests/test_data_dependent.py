@@ -201,6 +201,25 @@ def test_path_short_conv_matches_its_definition_and_is_causal():
         dd.PaTH(WIDTH, H, D, short_conv=-1)
 
 
+def test_path_short_conv_is_translation_invariant_except_at_the_first_key():
+    """With the short convolution, w_{j+1} reads token j - 1, before the key j; at the start it reads the zero
+    padding. Prepending tokens therefore changes the logits whose key is the first token, and no other."""
+    q, k, _, hidden = _data(17)
+    enc = _path_conv()
+    g = _gen(18)
+    extra = 3
+    q2, k2 = (torch.cat([torch.randn(B, H, extra, D, generator=g, dtype=q.dtype), t], 2) for t in (q, k))
+    hidden2 = torch.cat([torch.randn(B, extra, WIDTH, generator=g, dtype=q.dtype), hidden], 1)
+    causal2 = torch.ones(L + extra, L + extra, dtype=torch.bool).tril()
+    logits = enc.content_logits(q, k, hidden=hidden, allowed=CAUSAL).detach()
+    shifted = enc.content_logits(q2, k2, hidden=hidden2, allowed=causal2).detach()[..., extra:, extra:]
+    later = CAUSAL.clone()
+    later[:, 0] = False
+    assert (shifted - logits)[..., later].abs().max().item() < 1e-12
+    assert (shifted - logits)[..., 1:, 0].abs().min().item() > 1e-6
+    assert torch.allclose(shifted[..., 0, 0], logits[..., 0, 0], atol=1e-12)  # offset 0: the empty product, q . k
+
+
 @pytest.mark.parametrize("make", [_cope, _fox, _path], ids=["cope", "fox", "path"])
 def test_attention_and_self_attention_use_the_content_logits(make):
     q, k, v, hidden = _data(3)
