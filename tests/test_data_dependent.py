@@ -201,18 +201,23 @@ def test_path_short_conv_matches_its_definition_and_is_causal():
         dd.PaTH(WIDTH, H, D, short_conv=-1)
 
 
-def test_path_short_conv_is_translation_invariant_except_at_the_first_key():
-    """With the short convolution, w_{j+1} reads token j - 1, before the key j; at the start it reads the zero
-    padding. Prepending tokens therefore changes the logits whose key is the first token, and no other."""
+def _logits_before_and_after_prepending(enc, extra=3):
+    """The causal logits (B, H, L, L) of a sequence, and of the same tokens after ``extra`` others (the pairs of the
+    shifted tokens)."""
     q, k, _, hidden = _data(17)
-    enc = _path_conv()
     g = _gen(18)
-    extra = 3
     q2, k2 = (torch.cat([torch.randn(B, H, extra, D, generator=g, dtype=q.dtype), t], 2) for t in (q, k))
     hidden2 = torch.cat([torch.randn(B, extra, WIDTH, generator=g, dtype=q.dtype), hidden], 1)
     causal2 = torch.ones(L + extra, L + extra, dtype=torch.bool).tril()
     logits = enc.content_logits(q, k, hidden=hidden, allowed=CAUSAL).detach()
-    shifted = enc.content_logits(q2, k2, hidden=hidden2, allowed=causal2).detach()[..., extra:, extra:]
+    return logits, enc.content_logits(q2, k2, hidden=hidden2, allowed=causal2).detach()[..., extra:, extra:]
+
+
+def test_path_short_conv_is_translation_invariant_except_at_the_first_key():
+    """With the short convolution, w_{j+1} reads token j - 1, before the key j; at the start it reads the zero
+    padding. Prepending tokens therefore changes the logits whose key is the first token, and no other."""
+    enc = _path_conv()
+    logits, shifted = _logits_before_and_after_prepending(enc)
     later = CAUSAL.clone()
     later[:, 0] = False
     assert (shifted - logits)[..., later].abs().max().item() < 1e-12
@@ -261,15 +266,8 @@ def test_logit_depends_on_the_tokens_between(make):
 def test_prepending_tokens_leaves_every_logit_unchanged(make):
     """Translation invariance: the same tokens shifted by 3 (three other tokens prepended) give the same logit for
     every causal pair of the shifted tokens; the gates, clocks and products run from the key to the query only."""
-    q, k, _, hidden = _data(17)
     enc = make()
-    g = _gen(18)
-    extra = 3
-    q2, k2 = (torch.cat([torch.randn(B, H, extra, D, generator=g, dtype=q.dtype), t], 2) for t in (q, k))
-    hidden2 = torch.cat([torch.randn(B, extra, WIDTH, generator=g, dtype=q.dtype), hidden], 1)
-    causal2 = torch.ones(L + extra, L + extra, dtype=torch.bool).tril()
-    logits = enc.content_logits(q, k, hidden=hidden, allowed=CAUSAL).detach()
-    shifted = enc.content_logits(q2, k2, hidden=hidden2, allowed=causal2).detach()[..., extra:, extra:]
+    logits, shifted = _logits_before_and_after_prepending(enc)
     # float64: the same sums and products of at most L terms, perhaps in another order
     assert (_lower(shifted) - _lower(logits)).abs().max().item() < 1e-12
     assert dd.AXIOMS[type(enc).__name__]["translation invariance"] is True
