@@ -164,7 +164,7 @@ def test_state_tracking_data_matches_the_code():
         k: list(v) if isinstance(v, tuple) else v for k, v in dataclasses.asdict(config).items()
     }
     assert record["names"] == list(study.NAMES) and record["task"]["groups"] == list(study.GROUPS)
-    assert record["labels"] == {name: study.LABELS.get(name, ex.encoding_label(name)) for name in study.NAMES}
+    assert record["labels"] == {n: study.LABELS[n] if n in study.LABELS else ex.encoding_label(n) for n in study.NAMES}
     assert record["task"]["chance"] == {"S3": 1 / 6, "Z6": 1 / 6}
     assert config.eval_batch(max(config.eval_lengths)) == study.EVAL_SEQUENCES >= 128  # fresh sequences, every length
     lengths = [str(n) for n in config.eval_lengths]
@@ -216,7 +216,10 @@ def test_state_tracking_tool_runs_a_tiny_plan():
         words = list(map(tuple, ex.evaluation_data(task, config.train_length, config)[0].tolist()))
         for i, seed in enumerate(config.seeds):
             stream = torch.Generator().manual_seed(seed)
-            drawn = [task.sample(config.batch_size, config.train_length, 7, stream)[0] for _ in range(config.steps)]
+            drawn = [
+                task.sample(config.batch_size, config.train_length, config.vocab_size, stream)[0]
+                for _ in range(config.steps)
+            ]
             trained = {tuple(w) for batch in drawn for w in batch.tolist()}
             assert result[group]["seen_fraction"][i] == sum(w in trained for w in words) / len(words)
 
