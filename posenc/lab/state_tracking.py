@@ -204,7 +204,7 @@ def record(names=NAMES, groups=GROUPS, progress=print) -> dict:
         },
         "config": {key: list(v) if isinstance(v, tuple) else v for key, v in dataclasses.asdict(cfg).items()},
         "names": names,
-        "labels": {name: LABELS.get(name, ex.encoding_label(name)) for name in names},
+        "labels": {name: LABELS[name] if name in LABELS else ex.encoding_label(name) for name in names},
         **main,
         "budget": {"steps": budget_cfg.steps, "seeds": list(BUDGET_SEEDS), **budget},
         **provenance(1, "book.tools.beyond_axioms"),
