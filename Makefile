@@ -142,7 +142,7 @@ experiments-study: $(STAMP)
 
 ## make beyond-axioms: chapter 14's trained comparison on the counting task (every encoding, five seeds, k = 2 and the k = 1 control), written to
 ## posenc/lab/data/beyond_axioms.json (the chapter reads it and retrains one seed live as a spot check); then the
-## state-tracking study (word problems of S3 and Z6, seven encodings, five seeds, a 3x budget check) to state_tracking.json
+## state-tracking study (word problems of S3 and Z6, six encodings with both PaTH variants, three seeds, a 3x budget check) to state_tracking.json
 beyond-axioms: $(STAMP)
 	nice -n 10 $(PY) -m book.tools.beyond_axioms --output posenc/lab/data/beyond_axioms.json
 	nice -n 10 $(PY) -m book.tools.beyond_axioms --part state-tracking --output posenc/lab/data/state_tracking.json

@@ -18,7 +18,9 @@ not used: they count tokens in sequence order, the queries being the last ``Lq``
 * :class:`PaTH` (Yang et al., NeurIPS 2025, arXiv 2505.16381). Householder-like maps ``H_t = I - beta_t w_t w_t^T``
   with ``w_t`` a unit vector and ``beta_t = 2 sigmoid(.) in (0, 2)``, both from the hidden state of token ``t``;
   the logit is ``q_i^T H_i H_{i-1} ... H_{j+1} k_j / sqrt(D)``, a path-ordered product (the identity for
-  ``j = i``), the order of the naive reference in flash-linear-attention (``tests/ops/test_path_attn.py``).
+  ``j = i``), the order of the naive reference in flash-linear-attention (``tests/ops/test_path_attn.py``). The
+  authors' layer computes ``w_t`` through a short causal convolution over tokens ``t - 2 .. t`` (``short_conv=3``);
+  the default ``short_conv=0`` reads token ``t`` alone.
 
 Which of chapter 8's axioms each keeps (``AXIOMS``, checked in the tests): all three give up data independence (the
 logit of one pair at one offset changes with the tokens between them) and keep translation invariance (shift the
@@ -199,20 +201,30 @@ class PaTH(ContentEncoding):
     """PaTH attention as a "content" plug-in (causal only; see the module docstring).
 
     ``w_t``: ``normalize(W_w x_t)`` per head, ``W_w`` ``(H * D, d_model)``; ``beta_t = 2 sigmoid(w_b . x_t + b_b)``
-    per head, ``w_b`` ``(H, d_model)``, ``b_b`` ``(H,)``. (flash-linear-attention's ``PaTHAttention`` layer adds a
-    short convolution and a low-rank ``W_w``, and optionally FoX's forget gate; here one linear map and no gate. Its
-    decoding step updates the cached keys by ``k - beta_t (k . w_t) w_t``, the step of :meth:`content_logits`.)
+    per head, ``w_b`` ``(H, d_model)``, ``b_b`` ``(H,)``. ``short_conv = K > 0``: the authors' layer
+    (flash-linear-attention's ``PaTHAttention``, ``use_w_shortconv=True`` by default, ``K = 3``) passes ``W_w x``
+    through a causal depthwise convolution of width ``K`` (no bias) and SiLU before the normalisation, so ``w_t``
+    reads tokens ``t - K + 1 .. t``: ``w_t = normalize(silu(sum_{s < K} c_s * W_w x_{t-s}))``, ``c`` ``(H * D, K)``
+    (``conv_weight`` ``(H * D, 1, K)``, ``c_s`` its entry ``K - 1 - s``). ``short_conv = 0`` (the default): ``w_t``
+    from token ``t`` alone, a simplification. (The layer also makes ``W_w`` low-rank and optionally adds FoX's
+    forget gate; here one linear map and no gate. Its decoding step updates the cached keys by
+    ``k - beta_t (k . w_t) w_t``, the step of :meth:`content_logits`.)
     """
 
-    def __init__(self, d_model: int, n_heads: int, head_dim: int):
+    def __init__(self, d_model: int, n_heads: int, head_dim: int, short_conv: int = 0):
         super().__init__()
         self.d_model = require_int("d_model", d_model, minimum=1)
         self.n_heads = require_int("n_heads", n_heads, minimum=1)
         self.head_dim = require_int("head_dim", head_dim, minimum=1)
+        self.short_conv = require_int("short_conv", short_conv, minimum=0)
         self.w_weight = nn.Parameter(nn.Linear(d_model, n_heads * head_dim, bias=False).weight.detach().clone())
         beta = nn.Linear(d_model, n_heads)
         self.beta_weight = nn.Parameter(beta.weight.detach().clone())
         self.beta_bias = nn.Parameter(beta.bias.detach().clone())
+        if self.short_conv:  # nn.Conv1d's initialisation, as the layer's ShortConvolution (a depthwise Conv1d)
+            width = n_heads * head_dim
+            conv = nn.Conv1d(width, width, self.short_conv, groups=width, bias=False)
+            self.conv_weight = nn.Parameter(conv.weight.detach().clone())
 
     def householder_parameters(self, hidden: torch.Tensor):
         """``(w (B, H, L, D) unit vectors, beta (B, H, L) in (0, 2))`` from ``hidden`` ``(B, L, d_model)``, float32 or
@@ -220,8 +232,12 @@ class PaTH(ContentEncoding):
         dtype = torch.promote_types(hidden.dtype, torch.float32)
         x = hidden.to(dtype)
         b, length, _ = x.shape
-        w = (x @ self.w_weight.to(dtype).T).view(b, length, self.n_heads, self.head_dim).transpose(1, 2)
-        w = nn.functional.normalize(w, dim=-1)
+        w = x @ self.w_weight.to(dtype).T  # (B, L, H * D)
+        if self.short_conv:  # left padding K - 1: position t sees t - K + 1 .. t
+            padded = nn.functional.pad(w.transpose(1, 2), (self.short_conv - 1, 0))
+            w = nn.functional.silu(nn.functional.conv1d(padded, self.conv_weight.to(dtype), groups=w.shape[-1]))
+            w = w.transpose(1, 2)
+        w = nn.functional.normalize(w.view(b, length, self.n_heads, self.head_dim).transpose(1, 2), dim=-1)
         beta = 2 * torch.sigmoid(x @ self.beta_weight.to(dtype).T + self.beta_bias.to(dtype)).transpose(-1, -2)
         return w, beta
 
@@ -254,7 +270,7 @@ class PaTH(ContentEncoding):
         return (torch.cat(rows, dim=-2) / math.sqrt(q.shape[-1])).to(k.dtype)
 
     def extra_repr(self) -> str:
-        return f"d_model={self.d_model}, n_heads={self.n_heads}, head_dim={self.head_dim}"
+        return f"d_model={self.d_model}, n_heads={self.n_heads}, head_dim={self.head_dim}, short_conv={self.short_conv}"
 
 
 __all__ = ["AXIOMS", "ContentEncoding", "CoPE", "FoX", "PaTH"]

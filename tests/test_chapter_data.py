@@ -164,7 +164,7 @@ def test_state_tracking_data_matches_the_code():
         k: list(v) if isinstance(v, tuple) else v for k, v in dataclasses.asdict(config).items()
     }
     assert record["names"] == list(study.NAMES) and record["task"]["groups"] == list(study.GROUPS)
-    assert record["labels"] == {name: ex.encoding_label(name) for name in study.NAMES}
+    assert record["labels"] == {n: study.LABELS[n] if n in study.LABELS else ex.encoding_label(n) for n in study.NAMES}
     assert record["task"]["chance"] == {"S3": 1 / 6, "Z6": 1 / 6}
     assert config.eval_batch(max(config.eval_lengths)) == study.EVAL_SEQUENCES >= 128  # fresh sequences, every length
     lengths = [str(n) for n in config.eval_lengths]
@@ -178,12 +178,20 @@ def test_state_tracking_data_matches_the_code():
                 for per_length in entry[key].values():
                     assert list(per_length) == lengths
                     assert all(len(v) == len(seeds) and all(0 <= x <= 1 for x in v) for v in per_length.values())
-            assert all(len(entry["position"][name][str(n)]) == n for name in study.NAMES for n in config.eval_lengths)
+            for key in ("position", "sign_position"):
+                assert all(len(entry[key][name][str(n)]) == n for name in study.NAMES for n in config.eval_lengths)
+            for key in ("accuracy", "sign"):
+                beyond = entry["beyond"][key]
+                assert list(beyond) == list(study.NAMES) and all(list(v) == lengths[1:] for v in beyond.values())
+            assert len(entry["seen_fraction"]) == len(seeds) and all(0 <= x <= 1 for x in entry["seen_fraction"])
             assert all(len(v) == len(seeds) for v in entry["final_loss"].values())
+            assert all(len(v) == len(seeds) for v in entry["unseen_accuracy"].values())
 
 
 def test_state_tracking_tool_runs_a_tiny_plan():
+    from posenc.lab import experiments as ex
     from posenc.lab import state_tracking as study
+    from posenc.lab import tasks as order_tasks
 
     config = study.config(steps=2, seeds=(0, 1), eval_batch_size=8, eval_tokens=8 * 32)
     result = study.run(["rope", "path"], ["S3", "Z6"], config, progress=None)
@@ -200,6 +208,32 @@ def test_state_tracking_tool_runs_a_tiny_plan():
                 assert per_position[0] == 0 and per_position[1:].mean().item() == pytest.approx(
                     sum(accuracy[name][str(n)]) / 2, abs=1e-5
                 )
+                # a right state has the right sign
+                sign = torch.tensor(result[group]["sign_position"][name][str(n)])
+                assert sign[0] == 0 and bool((sign >= per_position - 1e-6).all())
+        # the overlap of the evaluation words with the training stream, counted directly
+        task = order_tasks.WordProblem(group)
+        words = list(map(tuple, ex.evaluation_data(task, config.train_length, config)[0].tolist()))
+        for i, seed in enumerate(config.seeds):
+            stream = torch.Generator().manual_seed(seed)
+            drawn = [
+                task.sample(config.batch_size, config.train_length, config.vocab_size, stream)[0]
+                for _ in range(config.steps)
+            ]
+            trained = {tuple(w) for batch in drawn for w in batch.tolist()}
+            assert result[group]["seen_fraction"][i] == sum(w in trained for w in words) / len(words)
+
+
+@pytest.mark.parametrize("group", ["S3", "Z6"])
+def test_the_sign_is_a_homomorphism_onto_z2(group):
+    """The state's sign (the Z2 quotient the study scores): sign(a . b) = sign(a) sign(b), both values taken."""
+    from posenc.lab import state_tracking as study
+    from posenc.lab import tasks as order_tasks
+
+    task = order_tasks.WordProblem(group)
+    sign = study.signs(task, 7)
+    assert sign[6] == 0 and set(sign[:6].tolist()) == {1.0, -1.0}
+    assert torch.equal(sign[task.cayley], sign[:6, None] * sign[None, :6])
 
 
 def test_chapter_13_study_file_matches_the_code():

@@ -81,9 +81,27 @@ def slow_fox(enc, q, k, hidden):
     return out.detach()
 
 
+def _path_conv(width=3):
+    torch.manual_seed(5)
+    return dd.PaTH(WIDTH, H, D, short_conv=width).double()
+
+
+def slow_w(enc, hidden):
+    """w_t before normalisation, (B, L, H, D): W_w x_t, or with the short convolution of width K,
+    silu(sum_{s < K, s <= t} c_s W_w x_{t-s}) per channel, c_s = conv_weight[:, 0, K - 1 - s]."""
+    projected = hidden @ enc.w_weight.T  # (B, L, H * D)
+    if not enc.short_conv:
+        return projected.view(B, L, H, D)
+    out = torch.zeros_like(projected)
+    for t in range(L):
+        for s in range(min(enc.short_conv, t + 1)):
+            out[:, t] += enc.conv_weight[:, 0, enc.short_conv - 1 - s] * projected[:, t - s]
+    return torch.nn.functional.silu(out).view(B, L, H, D)
+
+
 def slow_path(enc, q, k, hidden):
     out = torch.full((B, H, L, L), float("nan"), dtype=q.dtype)
-    w_all = (hidden @ enc.w_weight.T).view(B, L, H, D)
+    w_all = slow_w(enc, hidden)
     beta_all = 2 * torch.sigmoid(hidden @ enc.beta_weight.T + enc.beta_bias)  # (B, L, H)
     for b in range(B):
         for h in range(H):
@@ -151,6 +169,62 @@ def test_path_matches_its_definition():
     assert bool(((beta > 0) & (beta < 2)).all())
 
 
+def test_path_short_conv_matches_its_definition_and_is_causal():
+    """The authors' layer (short_conv=3): w_t from tokens t-2..t through a causal depthwise convolution and SiLU;
+    the Householder transport as before. Changing the tokens after t leaves w and beta up to t, and every logit of
+    a query <= t, unchanged."""
+    q, k, _, hidden = _data(2)
+    enc = _path_conv()
+    assert enc.conv_weight.shape == (H * D, 1, 3)
+    got = enc.content_logits(q, k, hidden=hidden, allowed=CAUSAL).detach()
+    assert got.shape == (B, H, L, L)
+    assert torch.allclose(_lower(got), _lower(slow_path(enc, q, k, hidden)), atol=1e-12)
+    w, beta = enc.householder_parameters(hidden)
+    assert w.shape == (B, H, L, D) and beta.shape == (B, H, L)
+    assert torch.allclose(w.norm(dim=-1), torch.ones(B, H, L, dtype=w.dtype))
+    for t in range(L - 1):
+        later = hidden.clone()
+        later[:, t + 1 :] = torch.randn(B, L - t - 1, WIDTH, generator=_gen(t), dtype=hidden.dtype)
+        w2, beta2 = enc.householder_parameters(later)
+        assert torch.equal(w2[:, :, : t + 1], w[:, :, : t + 1]) and torch.equal(
+            beta2[:, :, : t + 1], beta[:, :, : t + 1]
+        )
+        assert not torch.allclose(w2[:, :, t + 1], w[:, :, t + 1])
+        rows = enc.content_logits(q, k, hidden=later, allowed=CAUSAL).detach()[..., : t + 1, : t + 1]
+        assert torch.equal(rows, got[..., : t + 1, : t + 1])
+    # w_t reads exactly the last 3 tokens: changing token t - 3 leaves w_t unchanged, token t - 2 changes it
+    earlier = hidden.clone()
+    earlier[:, 1] += 1.0
+    w3, _ = enc.householder_parameters(earlier)
+    assert torch.equal(w3[:, :, 4:], w[:, :, 4:]) and not torch.allclose(w3[:, :, 3], w[:, :, 3])
+    with pytest.raises(ValueError, match="short_conv"):
+        dd.PaTH(WIDTH, H, D, short_conv=-1)
+
+
+def _logits_before_and_after_prepending(enc, extra=3):
+    """The causal logits (B, H, L, L) of a sequence, and of the same tokens after ``extra`` others (the pairs of the
+    shifted tokens)."""
+    q, k, _, hidden = _data(17)
+    g = _gen(18)
+    q2, k2 = (torch.cat([torch.randn(B, H, extra, D, generator=g, dtype=q.dtype), t], 2) for t in (q, k))
+    hidden2 = torch.cat([torch.randn(B, extra, WIDTH, generator=g, dtype=q.dtype), hidden], 1)
+    causal2 = torch.ones(L + extra, L + extra, dtype=torch.bool).tril()
+    logits = enc.content_logits(q, k, hidden=hidden, allowed=CAUSAL).detach()
+    return logits, enc.content_logits(q2, k2, hidden=hidden2, allowed=causal2).detach()[..., extra:, extra:]
+
+
+def test_path_short_conv_is_translation_invariant_except_at_the_first_key():
+    """With the short convolution, w_{j+1} reads token j - 1, before the key j; at the start it reads the zero
+    padding. Prepending tokens therefore changes the logits whose key is the first token, and no other."""
+    enc = _path_conv()
+    logits, shifted = _logits_before_and_after_prepending(enc)
+    later = CAUSAL.clone()
+    later[:, 0] = False
+    assert (shifted - logits)[..., later].abs().max().item() < 1e-12
+    assert (shifted - logits)[..., 1:, 0].abs().min().item() > 1e-6
+    assert torch.allclose(shifted[..., 0, 0], logits[..., 0, 0], atol=1e-12)  # offset 0: the empty product, q . k
+
+
 @pytest.mark.parametrize("make", [_cope, _fox, _path], ids=["cope", "fox", "path"])
 def test_attention_and_self_attention_use_the_content_logits(make):
     q, k, v, hidden = _data(3)
@@ -192,15 +266,8 @@ def test_logit_depends_on_the_tokens_between(make):
 def test_prepending_tokens_leaves_every_logit_unchanged(make):
     """Translation invariance: the same tokens shifted by 3 (three other tokens prepended) give the same logit for
     every causal pair of the shifted tokens; the gates, clocks and products run from the key to the query only."""
-    q, k, _, hidden = _data(17)
     enc = make()
-    g = _gen(18)
-    extra = 3
-    q2, k2 = (torch.cat([torch.randn(B, H, extra, D, generator=g, dtype=q.dtype), t], 2) for t in (q, k))
-    hidden2 = torch.cat([torch.randn(B, extra, WIDTH, generator=g, dtype=q.dtype), hidden], 1)
-    causal2 = torch.ones(L + extra, L + extra, dtype=torch.bool).tril()
-    logits = enc.content_logits(q, k, hidden=hidden, allowed=CAUSAL).detach()
-    shifted = enc.content_logits(q2, k2, hidden=hidden2, allowed=causal2).detach()[..., extra:, extra:]
+    logits, shifted = _logits_before_and_after_prepending(enc)
     # float64: the same sums and products of at most L terms, perhaps in another order
     assert (_lower(shifted) - _lower(logits)).abs().max().item() < 1e-12
     assert dd.AXIOMS[type(enc).__name__]["translation invariance"] is True

@@ -9,7 +9,13 @@ commute; RoPE's is a rotation by the offset alone, and FoX's and CoPE's are sums
 :data:`NAMES` (causal NoPE, RoPE and chapter 14's three data-dependent encodings) are trained on both groups with
 :func:`config` (chapter 11's model, training length :data:`TRAIN_LENGTH`, :data:`STEPS` steps, :data:`SEEDS`) and
 evaluated on :data:`EVAL_SEQUENCES` fresh sequences at 1, 2 and 4 times the training length: per seed the accuracy and
-its standard error over the sequences, and the accuracy per position (mean over seeds). The **budget check** trains
+its standard error over the sequences, and the accuracy per position (mean over seeds); the same for the **sign**
+of the predicted state (:func:`signs`, the Z2 quotient a single reflection per token can carry) and, per seed, the
+accuracy and sign accuracy at the positions beyond the training length; the fraction of the evaluation words at
+the training length that some training batch of the seed held, and the accuracy on the others. PaTH is run twice:
+``"path"`` (``w_t`` from token ``t`` alone, a simplification) and ``"path-conv"``, the authors' layer (``w`` through
+a causal convolution of width :data:`CONV_WIDTH` and SiLU, :class:`posenc.data_dependent.PaTH` ``short_conv``).
+The evaluation batch is one seeded batch shared by every encoding and seed. The **budget check** trains
 every encoding again with three times the steps on :data:`BUDGET_SEEDS`. ``make beyond-axioms``
 (``--part state-tracking``) writes the result to :data:`RESULTS_FILE`.
 """
@@ -25,7 +31,9 @@ from .results import DATA_DIR
 
 RESULTS_FILE = DATA_DIR / "state_tracking.json"
 GROUPS = ("S3", "Z6")
-NAMES = ("nope-causal", "rope", "cope", "fox", "path")
+NAMES = ("nope-causal", "rope", "cope", "fox", "path", "path-conv")
+PATH_CONV, CONV_WIDTH = "path-conv", 3
+LABELS = {"path": "PaTH, simplified (w_t from token t alone)", PATH_CONV: "PaTH (authors' layer: short conv)"}
 TRAIN_LENGTH, STEPS, LENGTH_FACTORS, SEEDS = 8, 300, (1, 2, 4), (0, 1, 2)
 EVAL_SEQUENCES = 256
 BUDGET_FACTOR, BUDGET_SEEDS = 3, (0, 1)
@@ -50,35 +58,63 @@ def config(**changes):
 
 
 def _register(names):
+    from posenc.data_dependent import PaTH
     from posenc.lab import beyond_axioms
+    from posenc.lab import experiments as ex
 
     if beyond_axioms.ALIBI_SLOPES_NAME in names:
         beyond_axioms.register_alibi_slopes()
+    if PATH_CONV in names:
+        ex.add_encoding(
+            PATH_CONV, LABELS[PATH_CONV], lambda c: PaTH(c.d_model, c.n_heads, c.head_dim, short_conv=CONV_WIDTH)
+        )
+
+
+def signs(task, vocab_size: int) -> torch.Tensor:
+    """``(vocab_size,)``: the sign (+1 or -1) of every element of ``task``'s group as a permutation, 0 for the other
+    tokens. The sign is a homomorphism onto Z2 = {+1, -1}: on S3 the parity of the permutation, on Z6 (rotations of
+    six points, a 6-cycle has sign -1) the parity of the sum mod 6."""
+    table = torch.zeros(vocab_size)
+    table[: task.size] = torch.linalg.det(torch.eye(len(task.elements[0]))[torch.tensor(task.elements)]).round()
+    return table
+
+
+def training_words(task, cfg, seed: int) -> set:
+    """The words (letter tuples) of every training batch of seed ``seed`` under ``cfg``, drawn again as
+    :func:`posenc.lab.experiments.train` draws them (one generator per seed, seeded with the seed)."""
+    stream = torch.Generator().manual_seed(seed)
+    words = set()
+    for _ in range(cfg.steps):
+        inputs = task.sample(cfg.batch_size, cfg.train_length, cfg.vocab_size, stream)[0]
+        words.update(map(tuple, inputs.tolist()))
+    return words
 
 
 @torch.no_grad()
 def evaluate(ensemble, tasks, config) -> dict:
     """Every model of ``ensemble`` (``tasks``: one per model) on the fixed evaluation batch of its task at every
-    length of ``config``: ``{length: (per-sequence accuracy (M, B), per-position accuracy (M, L))}``, the latter 0 at
-    position 0, which has no target (the start token)."""
+    length of ``config``: ``{length: (correct (M, B, L), sign correct (M, B, L), mask (M, B, L))}``: the predicted
+    state, and its sign (:func:`signs`), equal to the target's where ``mask`` (False at position 0, the start
+    token)."""
     from posenc.lab import experiments as ex
 
     out = {}
     for n in config.eval_lengths:
         data = {id(t): ex.evaluation_data(t, n, config) for t in tasks}
         inputs, targets, mask = (torch.stack(parts) for parts in zip(*(data[id(t)] for t in tasks)))
+        sign = torch.stack([signs(t, config.vocab_size) for t in tasks])[:, None]  # (M, 1, V)
         chunk = max(1, ex.EVAL_CHUNK_SCORES // (inputs.shape[1] * ensemble.n_heads * n * n))
-        correct = (
-            torch.cat(
-                [
-                    ensemble.part(s, min(s + chunk, len(ensemble))).logits(inputs[s : s + chunk]).argmax(-1)
-                    == targets[s : s + chunk]
-                    for s in range(0, len(ensemble), chunk)
-                ]
-            )
-            & mask
+        predicted = torch.cat(
+            [
+                ensemble.part(s, min(s + chunk, len(ensemble))).logits(inputs[s : s + chunk]).argmax(-1)
+                for s in range(0, len(ensemble), chunk)
+            ]
         )  # (M, B, L)
-        out[n] = (correct.sum(-1) / mask.sum(-1), correct.sum(1) / mask.sum(1).clamp(min=1))
+        target = targets.clamp(min=0)
+        same_sign = sign.expand(-1, predicted.shape[1], -1).gather(-1, predicted) == sign.expand(
+            -1, target.shape[1], -1
+        ).gather(-1, target)
+        out[n] = ((predicted == targets) & mask, same_sign & mask, mask)
     return out
 
 
@@ -98,16 +134,48 @@ def run(names=NAMES, groups=GROUPS, cfg=None, progress=print) -> dict:
     with ex.threads(1):
         ensemble, losses = ex.train([t for t, _ in plan], [name for _, name in plan], cfg)
         scores = evaluate(ensemble, [t for t, _ in plan for _ in cfg.seeds], cfg)
+    n_train = cfg.train_length
+    seen = {}  # per group and seed: which evaluation words at the training length occur in the training stream
+    for task in dict.fromkeys(t for t, _ in plan):
+        words = list(map(tuple, ex.evaluation_data(task, n_train, cfg)[0].tolist()))
+        trained = [training_words(task, cfg, seed) for seed in cfg.seeds]
+        seen[task.group] = torch.tensor([[w in stream for w in words] for stream in trained])  # (seeds, B)
     result = {}
     for p, (task, name) in enumerate(plan):
         part = slice(p * seeds, (p + 1) * seeds)
-        entry = result.setdefault(task.group, {"accuracy": {}, "sequence_se": {}, "position": {}, "final_loss": {}})
-        per_sequence = {n: scores[n][0][part] for n in cfg.eval_lengths}
+        entry = result.setdefault(
+            task.group,
+            {
+                "accuracy": {},
+                "sequence_se": {},
+                "position": {},
+                "sign_position": {},
+                "beyond": {"accuracy": {}, "sign": {}},
+                "unseen_accuracy": {},
+                "seen_fraction": seen[task.group].double().mean(1).tolist(),
+                "final_loss": {},
+            },
+        )
+        correct, same_sign, mask = ({n: scores[n][i][part] for n in cfg.eval_lengths} for i in range(3))
+        per_sequence = {n: correct[n].sum(-1) / mask[n].sum(-1) for n in cfg.eval_lengths}
         entry["accuracy"][name] = {str(n): acc.mean(1).tolist() for n, acc in per_sequence.items()}
         entry["sequence_se"][name] = {
             str(n): (acc.std(1) / acc.shape[1] ** 0.5).tolist() for n, acc in per_sequence.items()
         }
-        entry["position"][name] = {str(n): scores[n][1][part].mean(0).tolist() for n in cfg.eval_lengths}
+        for key, hits in (("position", correct), ("sign_position", same_sign)):
+            entry[key][name] = {
+                str(n): (hits[n].sum(1) / mask[n].sum(1).clamp(min=1)).mean(0).tolist() for n in cfg.eval_lengths
+            }
+        for key, hits in (("accuracy", correct), ("sign", same_sign)):  # positions >= n_train, never trained on
+            entry["beyond"][key][name] = {
+                str(n): (hits[n][..., n_train:].sum((1, 2)) / mask[n][..., n_train:].sum((1, 2))).tolist()
+                for n in cfg.eval_lengths
+                if n > n_train
+            }
+        unseen = ~seen[task.group]
+        entry["unseen_accuracy"][name] = (
+            (per_sequence[n_train] * unseen).sum(1) / unseen.sum(1)
+        ).tolist()  # accuracy at the training length on the words no training batch of the seed held
         entry["final_loss"][name] = losses[part, -1].tolist()
         if progress is not None:
             progress(f"{task.group} {name:14s} loss " + " ".join(f"{v:.3f}" for v in entry["final_loss"][name]))
@@ -136,7 +204,7 @@ def record(names=NAMES, groups=GROUPS, progress=print) -> dict:
         },
         "config": {key: list(v) if isinstance(v, tuple) else v for key, v in dataclasses.asdict(cfg).items()},
         "names": names,
-        "labels": {name: ex.encoding_label(name) for name in names},
+        "labels": {name: LABELS[name] if name in LABELS else ex.encoding_label(name) for name in names},
         **main,
         "budget": {"steps": budget_cfg.steps, "seeds": list(BUDGET_SEEDS), **budget},
         **provenance(1, "book.tools.beyond_axioms"),
