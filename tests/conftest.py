@@ -9,16 +9,7 @@ import torch
 if not torch.cuda.is_available():
     os.environ.setdefault("TRITON_INTERPRET", "1")
 
-# The sizes of a tiny random transformers model: a few thousand parameters, built in milliseconds.
-TINY_SIZES = dict(
-    vocab_size=97,
-    hidden_size=32,
-    intermediate_size=64,
-    num_hidden_layers=2,
-    num_attention_heads=4,
-    max_position_embeddings=64,
-    pad_token_id=0,
-)
+from posenc.lab.tiny_models import TINY_SIZES  # noqa: E402  (after TRITON_INTERPRET: posenc may import triton)
 
 
 @pytest.fixture(autouse=True)

@@ -2,10 +2,10 @@
 
 import pytest
 import torch
-from conftest import TINY_SIZES
 
 import posenc
 from posenc import layer_patterns as lp
+from posenc.lab.tiny_models import TINY_SIZES
 
 tf = pytest.importorskip("transformers")
 from transformers.models.llama4.modeling_llama4 import Llama4TextAttention  # noqa: E402

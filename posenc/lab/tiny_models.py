@@ -8,6 +8,17 @@ from __future__ import annotations
 
 import copy
 
+#: The sizes of a tiny model: a few thousand parameters (the tests' default; chapter 13 gives its own).
+TINY_SIZES = dict(
+    vocab_size=97,
+    hidden_size=32,
+    intermediate_size=64,
+    num_hidden_layers=2,
+    num_attention_heads=4,
+    max_position_embeddings=64,
+    pad_token_id=0,
+)
+
 
 def tiny_model(config, seed: int = 0, head=None, **sizes):
     """A ``transformers`` model with random weights drawn after ``torch.manual_seed(seed)``, in eval mode.
@@ -37,3 +48,6 @@ def tiny_model(config, seed: int = 0, head=None, **sizes):
     torch.manual_seed(seed)
     model = head.from_config(config) if hasattr(head, "from_config") else head(config)
     return model.eval()
+
+
+__all__ = ["TINY_SIZES", "tiny_model"]
