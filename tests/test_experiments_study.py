@@ -1,4 +1,4 @@
-"""posenc.lab.experiments_study: chapter 11's study (ALiBi's slope family, the budget check on fetch), its committed
+"""posenc.lab.experiments_study: chapter 11's study (ALiBi's slope family, the budget checks), its committed
 file posenc/lab/data/experiments_study.json (make experiments-study), its thin command line and the attention probes."""
 
 from __future__ import annotations
@@ -110,6 +110,17 @@ def test_a_tiny_plan_records_counts_and_reads_back(registry):
     assert study.fresh_accuracy(entry, 32).shape == (1, study.fresh_config(config).eval_batch(32))
 
 
+def test_a_tiny_copy_back_budget_trains_three_times_the_steps():
+    config = tiny()
+    part = study.copy_back_budget_study(config)
+    assert list(part) == [str(study.BUDGET_FACTOR * config.steps)]
+    entries = part[str(study.BUDGET_FACTOR * config.steps)]
+    assert list(entries) == list(study.COPY_BACK_BUDGET_NAMES)
+    for entry in entries.values():
+        assert entry["seeds"] == list(study.BUDGET_SEEDS) and set(entry["fresh"]) == {"16", "32"}
+        assert entry["fresh_targets"] == {"16": 14, "32": 30}  # copy 2 back: every query from 2 on
+
+
 def test_compact_json_keeps_the_record():
     record = {"a": [1, 2, 3], "b": {"c": [[0.5, 1e-05], [-2, 3]]}, "d": "x [1, 2]"}
     text = tool.compact_json(record)
@@ -135,6 +146,11 @@ def test_committed_file_matches_the_plan():
                 n: study.fresh_config(config).eval_batch(n) for n in config.eval_lengths
             }
             assert all(entry["fresh_targets"][str(n)] == n - 1 for n in config.eval_lengths)  # fetch position 1
+    part = data["budget_copy_back"][str(3 * config.steps)]
+    assert list(part) == list(study.COPY_BACK_BUDGET_NAMES)
+    for entry in part.values():
+        assert entry["seeds"] == [0, 1, 2] and len(entry["final_loss"]) == 3
+        assert all(entry["fresh_targets"][str(n)] == n - 2 for n in config.eval_lengths)  # copy 2 back
 
 
 def test_load_names_a_field_that_disagrees(tmp_path):

@@ -12,6 +12,9 @@ Two parts, both in chapter 11's harness (:mod:`posenc.lab.experiments`, its defa
   :data:`BUDGET_SEEDS` with the chapter's steps and with :data:`BUDGET_FACTOR` times them, each scored at every
   length on the fresh sequences, per sequence, so that a failure at 200 steps is not read as what an encoding cannot
   do. Bidirectional NoPE is the control that must stay at the position-blind ceiling whatever the budget.
+* ``"budget_copy_back"``: the same check on copy-back for the standard ALiBi schedule, which fails it at 200 steps,
+  and causal NoPE, its no-encoding control (:data:`COPY_BACK_BUDGET_NAMES`), at :data:`BUDGET_FACTOR` times the
+  chapter's steps, scored the same way (``make experiments-study`` remakes it alone with ``--only copy-back-budget``).
 
 Training is seeded and deterministic on one CPU, and a model's numbers do not depend on what else is trained beside
 it, so the chapter's live runs reproduce the file where the CPU, threads and torch match (:func:`same_platform`).
@@ -37,6 +40,7 @@ VALIDATION_SEED, FRESH_SEED = 1_000, 2_000  # offsets of the evaluation seed: se
 FRESH_SEQUENCES = 128  # at 32L; shorter lengths get 256 (the harness's cap), about as many tokens
 BUDGET_FACTOR, BUDGET_SEEDS = 3, (0, 1, 2)
 BUDGET_NAMES = ("nope-bidirectional", "nope-causal", "rope", "xpos", "alibi", *SLOPE_FAMILY)
+COPY_BACK_BUDGET_NAMES = ("nope-causal", "alibi")
 
 
 def chapter_tasks() -> list:
@@ -205,12 +209,28 @@ def budget_study(config: ex.ExperimentConfig | None = None, progress=None) -> di
     return result
 
 
-def record(slopes: dict, budget: dict, config: ex.ExperimentConfig | None = None) -> dict:
-    """The results file: the configuration, the study's constants, the two parts and how it was made
+def copy_back_budget_study(config: ex.ExperimentConfig | None = None, progress=None) -> dict:
+    """Copy-back with every encoding of :data:`COPY_BACK_BUDGET_NAMES` on :data:`BUDGET_SEEDS` at
+    :data:`BUDGET_FACTOR` times ``config.steps``: ``{str(steps): {name: per seed record}}``, every length scored on
+    the fresh sequences, per sequence (the 200-step models are the slope part's and the table's)."""
+    config = ex.ExperimentConfig() if config is None else config
+    copy_back = chapter_tasks()[0]
+    budget = dataclasses.replace(config, steps=BUDGET_FACTOR * config.steps, seeds=BUDGET_SEEDS)
+    with ex.threads(1):
+        runs = ex.run_plan([(copy_back, name) for name in COPY_BACK_BUDGET_NAMES], budget)
+    part = _per_seed(runs, COPY_BACK_BUDGET_NAMES, [copy_back], budget, config.eval_lengths, progress)
+    return {str(budget.steps): part[copy_back.name]}
+
+
+def record(
+    slopes: dict, budget: dict, config: ex.ExperimentConfig | None = None, budget_copy_back: dict | None = None
+) -> dict:
+    """The results file: the configuration, the study's constants, the three parts and how it was made
     (:func:`posenc.lab.results.provenance`, one thread)."""
     from .results import provenance
 
-    return {**plan(config), "slopes": slopes, "budget": budget, **provenance(1, "book.tools.experiments_study")}
+    parts = {"slopes": slopes, "budget": budget, "budget_copy_back": budget_copy_back or {}}
+    return {**plan(config), **parts, **provenance(1, "book.tools.experiments_study")}
 
 
 def plan(config: ex.ExperimentConfig | None = None) -> dict:
@@ -228,6 +248,7 @@ def plan(config: ex.ExperimentConfig | None = None) -> dict:
         "budget_steps": [config.steps, BUDGET_FACTOR * config.steps],
         "budget_seeds": list(BUDGET_SEEDS),
         "budget_names": {name: ex.encoding_label(name) for name in BUDGET_NAMES},
+        "budget_copy_back_names": {name: ex.encoding_label(name) for name in COPY_BACK_BUDGET_NAMES},
     }
 
 
@@ -239,7 +260,8 @@ def load(path=None) -> dict:
         if data.get(key) != value:
             raise ValueError(f"{path.name}: field {key!r} is {data.get(key)!r}, the code says {value!r}: remake it")
     parts = [entry for per_task in data["slopes"].values() for entry in per_task.values()]
-    parts += [entry for per_steps in data["budget"].values() for entry in per_steps.values()]
+    for key in ("budget", "budget_copy_back"):
+        parts += [entry for per_steps in data[key].values() for entry in per_steps.values()]
     for entry in parts:
         if not all(0 <= v <= 1 for per_length in entry["accuracy"].values() for v in per_length):
             raise ValueError(f"{path.name}: an accuracy outside [0, 1]")
@@ -281,6 +303,7 @@ __all__ = [
     "BUDGET_FACTOR",
     "BUDGET_SEEDS",
     "BUDGET_NAMES",
+    "COPY_BACK_BUDGET_NAMES",
     "chapter_tasks",
     "slope_label",
     "register_slope_family",
@@ -292,6 +315,7 @@ __all__ = [
     "attention_by_offset",
     "slope_study",
     "budget_study",
+    "copy_back_budget_study",
     "plan",
     "record",
     "load",
