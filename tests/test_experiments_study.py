@@ -14,9 +14,10 @@ from posenc.lab import experiments as ex
 from posenc.lab import experiments_study as study
 
 
-@pytest.fixture
+@pytest.fixture(autouse=True)
 def registry(monkeypatch):
-    monkeypatch.setattr(ex, "ENCODINGS", dict(ex.ENCODINGS))  # registrations end with the test
+    """Registrations (the slope family: register_slope_family, load) end with each test."""
+    monkeypatch.setattr(ex.registry, "REGISTRY", dict(ex.REGISTRY))
 
 
 def tiny(**changes):
@@ -127,7 +128,7 @@ def test_compact_json_keeps_the_record():
     assert json.loads(text) == record and "[1,2,3]" in text
 
 
-def test_committed_file_matches_the_plan():
+def test_committed_file_matches_the_plan(registry):
     data = study.load()
     config = ex.ExperimentConfig()
     assert data["budget_steps"] == [config.steps, 3 * config.steps] and data["budget_seeds"] == [0, 1, 2]
@@ -178,3 +179,9 @@ def test_one_member_retrained_reproduces_the_file(registry):
     entry = data["slopes"][task.name]["alibi-4"]
     assert run.losses[-1] == entry["final_loss"][0]
     assert [run.accuracy[n] for n in config.eval_lengths] == [entry["accuracy"][str(n)][0] for n in config.eval_lengths]
+
+
+def test_a_forced_arithmetic_path_is_not_the_files_platform(monkeypatch):
+    data = study.load()
+    monkeypatch.setenv("ATEN_CPU_CAPABILITY", "default")
+    assert not study.same_platform(data)

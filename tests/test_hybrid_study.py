@@ -8,6 +8,7 @@ import torch
 import posenc
 from posenc.lab import experiments as ex
 from posenc.lab import hybrid_study as hs
+from posenc.lab.results import ARITHMETIC_OVERRIDES
 from posenc.layer_patterns import LocalWindow
 
 
@@ -144,9 +145,14 @@ def test_deep_marker_data_moves_the_source_to_the_depth():
         hs.deep_marker_data(task, 64, 3.0, config)
 
 
-def test_same_platform_compares_cpu_threads_and_torch():
+def test_same_platform_compares_cpu_threads_torch_and_the_arithmetic_path(monkeypatch):
+    for name in ARITHMETIC_OVERRIDES:
+        monkeypatch.delenv(name, raising=False)
     record = {"machine": hs.machine(1), "versions": {"torch": torch.__version__}}
     assert hs.same_platform(record)
+    monkeypatch.setenv("ATEN_CPU_CAPABILITY", "default")
+    assert not hs.same_platform(record)
+    monkeypatch.delenv("ATEN_CPU_CAPABILITY")
     assert not hs.same_platform(record, threads=2)
     assert not hs.same_platform(dict(record, machine=dict(record["machine"], cpu="another CPU")))
     assert not hs.same_platform(dict(record, versions={"torch": "0.0"}))

@@ -10,3 +10,13 @@ def test_provenance_records_how_a_results_file_was_made():
     assert len(record["versions"]["git_commit"]) == 40 or record["versions"]["git_commit"] == "unknown"
     assert record["command"].split()[1:3] == ["-m", "book.tools.example"]
     assert record["date"].endswith("+00:00")
+
+
+def test_default_arithmetic_is_false_when_the_cpu_path_is_forced(monkeypatch):
+    for name in results.ARITHMETIC_OVERRIDES:
+        monkeypatch.delenv(name, raising=False)
+    assert results.default_arithmetic()
+    for name in results.ARITHMETIC_OVERRIDES:
+        monkeypatch.setenv(name, "default")
+        assert not results.default_arithmetic()
+        monkeypatch.delenv(name)

@@ -29,7 +29,7 @@ import fractions
 import torch
 
 from . import experiments as ex
-from .results import DATA_DIR, cpu_name, read_json
+from .results import DATA_DIR, cpu_name, default_arithmetic, read_json
 from .tasks import CopyBack, FetchPosition
 
 RESULTS_FILE = DATA_DIR / "experiments_study.json"
@@ -286,10 +286,10 @@ def runs_of(part: dict, task: str) -> list:
 
 def same_platform(data: dict, threads: int = 1) -> bool:
     """Whether a retraining here with ``threads`` threads reproduces ``data`` bit for bit: the same CPU model,
-    thread count and torch version as the file's (another CPU or torch may round differently, and training
-    carries the difference on)."""
+    thread count and torch version as the file's, on torch's default CPU arithmetic (another CPU, torch or
+    arithmetic path may round differently, and training carries the difference on)."""
     machine, versions = data.get("machine", {}), data.get("versions", {})
-    return (machine.get("cpu"), machine.get("threads"), versions.get("torch")) == (
+    return default_arithmetic() and (machine.get("cpu"), machine.get("threads"), versions.get("torch")) == (
         cpu_name(),
         threads,
         torch.__version__,

@@ -20,7 +20,7 @@ from dataclasses import asdict, replace
 from ..layer_patterns import LocalWindow
 from ..rope import RotaryEmbedding
 from . import experiments as ex
-from .results import DATA_DIR, cpu_name, read_json
+from .results import DATA_DIR, cpu_name, default_arithmetic, read_json
 from .tasks import CopyAfterMarker, CopyBack, FetchPosition
 
 N_LAYERS = 4
@@ -291,13 +291,15 @@ def machine(threads: int = 1) -> dict:
 
 def same_platform(record: dict, threads: int = 1) -> bool:
     """Whether a retraining here with ``threads`` threads should reproduce ``record``'s accuracies bit for bit: the
-    same CPU model, thread count and torch version as the record's ``machine`` and ``versions`` (training is seeded and
-    deterministic on one CPU; another CPU or torch may round differently, and the models then drift apart)."""
+    same CPU model, thread count and torch version as the record's ``machine`` and ``versions``, on torch's default
+    CPU arithmetic (training is seeded and deterministic on one CPU; another CPU, torch or arithmetic path may round
+    differently, and the models then drift apart)."""
     if not isinstance(record, dict):
         raise TypeError(f"record must be the study's dict (load_results()[0]), got {type(record).__name__}")
     import torch
 
-    return record.get("machine") == machine(threads) and record.get("versions", {}).get("torch") == torch.__version__
+    same = record.get("machine") == machine(threads) and record.get("versions", {}).get("torch") == torch.__version__
+    return same and default_arithmetic()
 
 
 def _is_fraction(value) -> bool:

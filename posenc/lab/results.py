@@ -43,6 +43,16 @@ def cpu_name() -> str:
     return platform.processor() or "unknown"
 
 
+#: Environment variables that move torch's CPU arithmetic off its default path (``make unit-portable`` sets them):
+#: a results file made on the default path is then not reproduced bit for bit, even on the same CPU.
+ARITHMETIC_OVERRIDES = ("ATEN_CPU_CAPABILITY", "MKL_ENABLE_INSTRUCTIONS")
+
+
+def default_arithmetic() -> bool:
+    """Whether torch's CPU kernels run on their default path here (none of :data:`ARITHMETIC_OVERRIDES` is set)."""
+    return not any(os.environ.get(name) for name in ARITHMETIC_OVERRIDES)
+
+
 def git_commit() -> str:
     """The commit of the checkout posenc runs from (``git rev-parse HEAD``), or "unknown" outside a git checkout."""
     try:
@@ -81,4 +91,12 @@ def provenance(threads: int, module: str) -> dict:
     }
 
 
-__all__ = ["DATA_DIR", "read_json", "cpu_name", "git_commit", "provenance"]
+__all__ = [
+    "DATA_DIR",
+    "read_json",
+    "cpu_name",
+    "ARITHMETIC_OVERRIDES",
+    "default_arithmetic",
+    "git_commit",
+    "provenance",
+]
