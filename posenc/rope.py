@@ -370,7 +370,11 @@ class RotaryEmbedding(PositionalEncoding):
     What is checked where: shapes, dtypes and the sequence axis on every call (free of host syncs; in eager calls
     remembered per shape signature); the finiteness of float positions and the sign of tensor positions and
     offsets only in eager calls on the CPU (reading values back from an accelerator would stall it, and a traced
-    graph cannot branch on values); the ambiguity of an unset ``seq_dim`` only in eager calls.
+    graph cannot branch on values); the ambiguity of an unset ``seq_dim`` only in eager calls. A decode step whose
+    signature (shapes, dtypes, axes, tensor positions or offsets) an earlier eager CPU call passed through these
+    checks and served from the cache goes straight to the gather and the rotation (:meth:`_repeated_step`); its
+    values are still checked there: the gather fails on a negative position or one past the cache, and the call
+    then takes the general path (which refuses the first and grows the cache or computes for the second).
     """
 
     kind = "qk"
