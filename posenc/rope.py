@@ -570,6 +570,8 @@ class RotaryEmbedding(PositionalEncoding):
         ):
             return None
         rows = self._table_cache.grown(self.inv_freq, self.attention_factor, 1)[3]
+        if rows.requires_grad:  # rows built from an inv_freq that wants a gradient: the general path decides
+            return None
         try:
             rows = rows.index_select(0, by if by.ndim == 1 else by.reshape(-1))
         except IndexError:
