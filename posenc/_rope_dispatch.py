@@ -207,7 +207,7 @@ def route(q, k, cos, sin, layout: str, axis: int, compiled: bool, in_place: bool
     if full is not None and not compiled:
         cos_full, sin_full = align_table(full[0], q, axis), align_table(full[1], q, axis)
         if ENGINE.small_fits(q, k, cos_full, sin_full):
-            return _rotate_full(q, k, cos_full, sin_full, layout)
+            return rotate_small(q, k, cos_full, sin_full, layout)
     if cos is None:
         cos, sin = half_tables(full[0], full[1], layout)
     cos, sin = align_table(cos, q, axis), align_table(sin, q, axis)
@@ -226,7 +226,7 @@ def route(q, k, cos, sin, layout: str, axis: int, compiled: bool, in_place: bool
     else:
         if ENGINE.small_fits(q, k, cos, sin):
             cos_full, sin_full = full_tables(cos, sin, layout)
-            return _rotate_full(q, k, cos_full, sin_full, layout)
+            return rotate_small(q, k, cos_full, sin_full, layout)
         rotate = ENGINE.rotate_default
     if k is None:
         return rotate(q, cos, sin, layout)
@@ -235,7 +235,7 @@ def route(q, k, cos, sin, layout: str, axis: int, compiled: bool, in_place: bool
     return rotate(q, cos, sin, layout), rotate(k, cos, sin, layout)
 
 
-def _rotate_full(q, k, cos_full, sin_full, layout):
+def rotate_small(q, k, cos_full, sin_full, layout):
     """The small-input pass (a decode step) of ``q``, and of ``k`` unless it is None, with full-width tables."""
     if k is None:
         return ENGINE.rotate_full(q, cos_full, sin_full, layout)

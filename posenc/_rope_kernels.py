@@ -151,6 +151,15 @@ class RotationEngine:
             k.dtype == q.dtype and k.ndim == q.ndim and tables_fit(k, cos) and q.numel() + k.numel() < KERNEL_MIN_NUMEL
         )
 
+    def records_nothing(self, q, k) -> bool:
+        """The per-call half of :meth:`small_fits` for tables that need no gradient (a cache's rows): an eager
+        call, no functorch transform, no gradient to record for ``q`` or ``k``."""
+        return (
+            not torch.compiler.is_compiling()
+            and not _functorch_active()
+            and not (torch.is_grad_enabled() and (q.requires_grad or k.requires_grad))
+        )
+
     def rotate_full(self, x, cos_full, sin_full, layout):
         """The formula with full-width tables ``(..., R)`` (both members of a pair hold their pair's entry; built
         once for q and k): ``c = x cos`` and ``t = x sin`` over whole rows, then ``c1 -= t2`` and ``c2 += t1``:

@@ -2,6 +2,7 @@
 rebuilt when inv_freq changes, gathered by index for integer CPU positions, and always the direct computation's
 numbers (posenc.rope_cos_sin and posenc.rope.rope_reference) bit for bit."""
 
+import pytest
 import torch
 
 import posenc
@@ -82,3 +83,45 @@ def test_gathered_rows_follow_a_changed_inv_freq():
         module.inv_freq.mul_(0.5)
     expected = rope.rope_reference(q, *posenc.rope_cos_sin(ids, module.inv_freq))
     assert torch.equal(module(q, q, ids)[0], expected)
+
+
+def test_a_repeated_decode_step_keeps_every_check_and_every_bit():
+    """After the first call of a signature, decode steps take the remembered short path (posenc.rope
+    RotaryEmbedding._repeated_step): the same numbers as the direct computation bit for bit, in both layouts and
+    both tensor layouts; negative values, values past the cache, gradients and bad arguments still meet the
+    general path's checks."""
+    for layout, seq_dim, dtype in (
+        ("half", None, torch.bfloat16),
+        ("interleaved", None, torch.float32),
+        ("half", -3, torch.float16),
+    ):
+        module = posenc.RotaryEmbedding(64, layout=layout, seq_dim=seq_dim)
+        shape_q, shape_k = ((8, 4, 1, 64), (8, 2, 1, 64)) if seq_dim is None else ((8, 1, 4, 64), (8, 1, 2, 64))
+        q, k = torch.randn(shape_q).to(dtype), torch.randn(shape_k).to(dtype)
+        axis = -2 if seq_dim is None else -3
+        for step in range(3):
+            offsets = torch.tensor([3, 900, 17, 40, 0, 1, 2, 65]) + step * 1000  # past the cache at step 2
+            cos, sin = posenc.rope_cos_sin(offsets[:, None], module.inv_freq)
+            for q_rot, k_rot in (module(q, k, offset=offsets), module(q, k, positions=offsets[:, None])):
+                assert torch.equal(q_rot, rope.rope_reference(q, cos, sin, layout, seq_dim=axis))
+                assert torch.equal(k_rot, rope.rope_reference(k, cos, sin, layout, seq_dim=axis))
+        assert len(module._steps) == 2  # one signature per kind of call, remembered
+        with pytest.raises(ValueError, match="offset must be >= 0"):
+            module(q, k, offset=torch.tensor([3, -1, 0, 0, 0, 0, 0, 0]))
+        with pytest.raises(ValueError, match="positions must be >= 0"):
+            module(q, k, positions=torch.tensor([[3], [-1], [0], [0], [0], [0], [0], [0]]))
+        with pytest.raises(ValueError, match="one offset per sequence"):
+            module(q, k, offset=torch.arange(3))
+    with pytest.raises(TypeError, match="q"):
+        module([[0.0] * 64], k, offset=offsets)
+    with pytest.raises(TypeError, match="offset"):
+        module(q, k, offset=offsets.float())
+    # a gradient wanted after the signature was remembered: recorded by the general path, equal to the formula's
+    module(q.float(), k.float(), offset=offsets)
+    assert len(module._steps) == 3
+    leaf = q.float().requires_grad_()
+    rotated, _ = module(leaf, k.float(), offset=offsets)
+    expected = rope.rope_reference(leaf, cos, sin, "half", seq_dim=-3)
+    assert rotated.grad_fn is not None and torch.equal(rotated, expected)
+    (gradient,) = torch.autograd.grad(rotated.sum(), leaf)
+    assert torch.equal(gradient, torch.autograd.grad(expected.sum(), leaf)[0])
