@@ -172,7 +172,8 @@ def unseen_arc(
 
 
 def score_kernel(inv_freq: torch.Tensor, distances: torch.Tensor, attention_factor: float = 1.0) -> torch.Tensor:
-    """RoPE's logit between a query and a key ``Delta`` apart when both are the all-ones vector, per pair, averaged:
+    """RoPE's logit between a query and a key ``Delta`` apart that carry the same unit vector in every pair, averaged
+    over the pairs:
     ``a^2 / P * sum_i cos(Delta theta_i)`` (``a``: the attention factor that multiplies cos and sin; for YaRN
     ``a = sqrt(1/t)`` with ``t`` the paper's softmax temperature). ``distances`` ``(N,)`` -> ``(N,)``, 1 at
     ``Delta = 0`` when ``a = 1``. It shows how fast a table
