@@ -133,7 +133,7 @@ def load_budget(path=None) -> tuple:
     Raises FileNotFoundError saying how to make the file, and ValueError naming the field that disagrees with this
     module or is missing or out of range."""
     plan = [(task.name, name) for task, name in _budget_plan()]
-    return _load(BUDGET_FILE, path, budget_config(), plan, "budget check", "--part budget, about 12 minutes")
+    return _load(BUDGET_FILE, path, budget_config(), plan, "budget check", "--part budget, 10 to 15 minutes")
 
 
 def fresh_data(task, length: int, config: ex.ExperimentConfig, sequences: int = FRESH_SEQUENCES):
