@@ -133,6 +133,7 @@ long-context: $(STAMP) $(MODEL_CACHE)
 todays-models: $(STAMP)
 	nice -n 10 $(PY) -m book.tools.todays_models --threads 1 --output posenc/lab/data/todays_models.json
 	nice -n 10 $(PY) -m book.tools.todays_models --threads 1 --part budget --output posenc/lab/data/todays_models_budget.json
+	nice -n 10 $(PY) -m book.tools.todays_models --threads 1 --part controls --output posenc/lab/data/todays_models_controls.json
 
 ## make experiments-study: chapter 11's trained study (ALiBi's slope family on both tasks, five seeds; the budget check on fetch:
 ## every encoding that fails it at 200 steps, again at 600 on three seeds; and on copy-back, standard ALiBi and causal NoPE at 600; scored on fresh sequences at every length), written to
