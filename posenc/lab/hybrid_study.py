@@ -188,7 +188,7 @@ def train_controls(threads: int = 1, device=None) -> tuple:
 def load_controls(path=None) -> tuple:
     """Read the committed controls (default :data:`CONTROLS_FILE`): ``(record, runs)`` as :func:`load_budget`'s."""
     plan = [(task.name, name) for task, name in _plan(CONTROLS_PLAN)]
-    return _load(CONTROLS_FILE, path, controls_config(), plan, "controls", "--part controls, about 10 minutes")
+    return _load(CONTROLS_FILE, path, controls_config(), plan, "controls", "--part controls, a few minutes")
 
 
 def fresh_data(task, length: int, config: ex.ExperimentConfig, sequences: int = FRESH_SEQUENCES):
