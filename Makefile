@@ -129,10 +129,12 @@ long-context: $(STAMP) $(MODEL_CACHE)
 	nice -n 10 $(PY) -m book.tools.long_context --threads 2 --part window --output posenc/lab/data/long_context_window.json
 
 # chapter 13: five four-layer models x three tasks x five seeds in chapter 11's harness, plus the marker task at depth -> posenc/lab/data/todays_models.json
-# (a few minutes on one core); then the 3x-budget check (600 steps, three seeds) -> posenc/lab/data/todays_models_budget.json (about 7 minutes)
+# (a few minutes on one core); then the 3x-budget check (600 steps, three seeds) -> posenc/lab/data/todays_models_budget.json (10 to 15 minutes);
+# then the marker task's controls (RoPE bases 1e5 and 1e6, a window of 16 = L) -> posenc/lab/data/todays_models_controls.json (about 3 minutes on one core)
 todays-models: $(STAMP)
 	nice -n 10 $(PY) -m book.tools.todays_models --threads 1 --output posenc/lab/data/todays_models.json
 	nice -n 10 $(PY) -m book.tools.todays_models --threads 1 --part budget --output posenc/lab/data/todays_models_budget.json
+	nice -n 10 $(PY) -m book.tools.todays_models --threads 1 --part controls --output posenc/lab/data/todays_models_controls.json
 
 ## make experiments-study: chapter 11's trained study (ALiBi's slope family on both tasks, five seeds; the budget check on fetch:
 ## every encoding that fails it at 200 steps, again at 600 on three seeds; and on copy-back, standard ALiBi and causal NoPE at 600; scored on fresh sequences at every length), written to

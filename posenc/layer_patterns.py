@@ -197,6 +197,10 @@ INTERLEAVED_FAMILIES = frozenset({"llama4_text", "cohere", "cohere2"})
 #: Families whose attention rotates only in its sliding-window layers (``Cohere2Attention``: RoPE iff the layer has
 #: a window), so a global layer, or every layer when ``sliding_window`` is None, is NoPE.
 ROPE_ONLY_IN_SLIDING_LAYERS = frozenset({"cohere2"})
+#: Entries of a config's ``layer_types`` for layers without softmax attention, which no family rotates: recurrent
+#: layers (Mamba, Gated DeltaNet in Qwen3-Next, lightning attention: ``"linear_attention"``), convolutions and MoE-only
+#: layers (Nemotron-H).
+NON_ATTENTION_LAYER_TYPES = frozenset({"linear_attention", "conv", "moe"})
 
 
 def _text_config(config):
@@ -210,7 +214,8 @@ def rotary_layers(config) -> list[bool]:
 
     Read: ``num_hidden_layers``; ``no_rope_layers`` (Llama 4, SmolLM3: 1 = RoPE, 0 = NoPE; absent: every layer
     rotates); for the families of :data:`ROPE_ONLY_IN_SLIDING_LAYERS` (Cohere2), ``layer_types`` and
-    ``sliding_window``: only a ``"sliding_attention"`` layer with a window rotates.
+    ``sliding_window``: only a ``"sliding_attention"`` layer with a window rotates; in every family a layer whose
+    ``layer_types`` entry is in :data:`NON_ATTENTION_LAYER_TYPES` (Qwen3-Next's Gated DeltaNet layers) does not.
     """
     config = _text_config(config)
     n_layers = require_int("config.num_hidden_layers", config.num_hidden_layers, minimum=1)
@@ -218,8 +223,9 @@ def rotary_layers(config) -> list[bool]:
     rotary = [True] * n_layers if flags is None else [bool(flag) for flag in flags]
     if len(rotary) < n_layers:
         raise ValueError(f"config.no_rope_layers must give each of the {n_layers} layers, got {len(rotary)}")
+    types = getattr(config, "layer_types", None) or [None] * n_layers
+    rotary = [flag and types[i] not in NON_ATTENTION_LAYER_TYPES for i, flag in enumerate(rotary[:n_layers])]
     if getattr(config, "model_type", None) in ROPE_ONLY_IN_SLIDING_LAYERS:
-        types = getattr(config, "layer_types", None) or [None] * n_layers
         has_window = getattr(config, "sliding_window", None) is not None
         rotary = [flag and types[i] == "sliding_attention" and has_window for i, flag in enumerate(rotary)]
     return rotary[:n_layers]
@@ -253,7 +259,10 @@ def layer_pattern(config) -> list[LayerSpec]:
         parameters = None
         if rotates:
             parameters = rope_parameters_from_config(config, layer_type=layer_type if nested else None)
-        specs.append(LayerSpec(rotates, parameters, layer_type, window, None if rotates else temperature, layout))
+        nope_attention = not rotates and layer_type not in NON_ATTENTION_LAYER_TYPES  # a NoPE attention layer
+        specs.append(
+            LayerSpec(rotates, parameters, layer_type, window, temperature if nope_attention else None, layout)
+        )
     return specs
 
 
@@ -264,6 +273,7 @@ __all__ = [
     "WINDOW_MODES",
     "INTERLEAVED_FAMILIES",
     "ROPE_ONLY_IN_SLIDING_LAYERS",
+    "NON_ATTENTION_LAYER_TYPES",
     "LocalWindow",
     "LayerEncodings",
     "LayerSpec",

@@ -14,9 +14,10 @@ from posenc.layer_patterns import LocalWindow
 
 @pytest.fixture(autouse=True, scope="module")
 def _unregister():
-    # register() adds two names to the harness's tables; leave them as other test modules expect them
+    # register() adds names to the harness's tables (two, and the controls'); leave them as other modules expect them
     yield
-    for name in ("rnope-swa", "rope-window"):
+    controls = [name for _, names in hs.CONTROLS_PLAN for name in names]
+    for name in ("rnope-swa", "rope-window", *controls, "hybrid-1e5", f"rope-window-w{hs.WIDE_WINDOW}"):
         ex.remove_encoding(name)
 
 
@@ -39,6 +40,40 @@ def test_register_builds_the_windowed_layers_and_is_idempotent():
     assert isinstance(window, LocalWindow) and isinstance(window.inner, posenc.RotaryEmbedding)
     hybrid = ex.build_model("hybrid", config, seed=0).encoding
     assert [type(hybrid.layer(i)).__name__ for i in range(4)] == ["RotaryEmbedding"] * 3 + ["NoPE"]
+
+
+def test_the_controls_change_only_the_base_or_the_window():
+    # the controls of CONTROLS_PLAN: the same layer patterns as the study's, with theta = 1e5 or 1e6 in place of the
+    # harness's 1e4, or a window of WIDE_WINDOW (the training length) in place of WINDOW
+    hs.register()
+    config = hs.controls_config()
+    assert config.head_dim == 8 and config.seeds == hs.BUDGET_SEEDS and config.steps == hs.study_config().steps
+
+    def tables(name):
+        encoding = ex.build_model(name, config, seed=0).encoding
+        layers = [encoding.layer(i) for i in range(4)] if hasattr(encoding, "layer") else [encoding] * 4
+        return [getattr(getattr(layer, "inner", layer), "inv_freq", None) for layer in layers], layers
+
+    def plain(base):
+        return posenc.rope_frequencies(8, {"rope_theta": base})[0]
+
+    assert torch.equal(tables("rope")[0][0], plain(1e4))  # the harness's base
+    for name, base in (("rope-1e5", 1e5), ("rope-1e6", 1e6), ("hybrid-1e6", 1e6), ("rnope-swa-1e6", 1e6)):
+        inv_freq, layers = tables(name)
+        assert all(torch.equal(table, plain(base)) for table in inv_freq[:3])
+        nope = name.startswith(("hybrid", "rnope"))
+        assert (type(layers[3]).__name__ == "NoPE") == nope
+        windowed = [layer.size if isinstance(layer, LocalWindow) else None for layer in layers[:3]]
+        assert windowed == [hs.WINDOW if name.startswith("rnope") else None] * 3
+    _, wide = tables(f"rnope-swa-w{hs.WIDE_WINDOW}")
+    assert [layer.size for layer in wide[:3]] == [hs.WIDE_WINDOW] * 3 == [config.train_length] * 3
+    assert torch.equal(wide[0].inner.inv_freq, plain(1e4)) and type(wide[3]).__name__ == "NoPE"
+    # with the window as long as the training sequences, it hides nothing in training: the model computes the
+    # unwindowed hybrid's logits there (same seed, same weights)
+    tokens = torch.randint(0, config.vocab_size, (2, config.train_length))
+    with torch.no_grad():
+        pair = [ex.build_model(name, config, seed=0)(tokens) for name in (f"rnope-swa-w{hs.WIDE_WINDOW}", "hybrid")]
+    assert torch.equal(pair[0], pair[1])
 
 
 def test_window_hides_keys_beyond_it_and_the_ensemble_computes_the_same_model():
@@ -195,13 +230,14 @@ def test_load_results_fails_clearly(tmp_path):
         hs.load_results(broken)
 
 
-@pytest.mark.parametrize("part", ["study", "budget"])
+@pytest.mark.parametrize("part", ["study", "budget", "controls"])
 def test_the_make_target_writes_what_load_results_reads(tmp_path, monkeypatch, part):
     # book/tools/todays_models.py (make todays-models, both parts), with the training replaced by the committed runs
     tools = pytest.importorskip("book.tools.todays_models")
     train, load, config = {
         "study": ("train_study", hs.load_results, hs.study_config),
         "budget": ("train_budget", hs.load_budget, hs.budget_config),
+        "controls": ("train_controls", hs.load_controls, hs.controls_config),
     }[part]
     _, runs = load()
     monkeypatch.setattr(hs, train, lambda threads=1: (config(), runs))
@@ -214,7 +250,7 @@ def test_the_make_target_writes_what_load_results_reads(tmp_path, monkeypatch, p
     assert [getattr(r, "depth", None) for r in again] == [getattr(r, "depth", None) for r in runs]
     assert [r.fresh for r in again] == [r.fresh for r in runs]
     assert "todays_models" in record["command"] and record["machine"]["threads"] == 1
-    assert ("plan" in record) == (part == "budget")
+    assert ("plan" in record) == (part != "study")
 
 
 def test_fresh_view_swaps_in_the_fresh_numbers_and_keeps_the_fixed_ones():
@@ -250,6 +286,21 @@ def test_committed_budget_check_matches_the_code():
         assert (run.task == marker) == hasattr(run, "depth")
     assert record["plan"] == [[task, list(names)] for task, names in hs.BUDGET_PLAN]
     assert "todays_models" in record["command"] and record["machine"]["threads"] == 1
+
+
+def test_committed_controls_match_the_code():
+    record, runs = hs.load_controls()
+    config = hs.controls_config()
+    assert len(runs) == sum(len(names) for _, names in hs.CONTROLS_PLAN) * len(config.seeds)
+    for run in runs:
+        assert all(entry["sequences"] == hs.FRESH_SEQUENCES >= 128 for entry in run.fresh.values())
+        assert run.task == hs.study_tasks()[2].name and set(run.depth) == {hs.depth_key(*p) for p in hs.DEPTHS}
+    assert record["plan"] == [[task, list(names)] for task, names in hs.CONTROLS_PLAN]
+    assert "todays_models" in record["command"] and record["machine"]["threads"] == 1
+    with pytest.raises(FileNotFoundError, match="--part controls"):
+        hs.load_controls(hs.CONTROLS_FILE.with_name("absent.json"))
+    with pytest.raises(ValueError, match="config"):  # the budget file: 600 steps
+        hs.load_controls(hs.BUDGET_FILE)
 
 
 def test_load_budget_fails_clearly(tmp_path):

@@ -133,6 +133,24 @@ def test_cohere2_rotates_only_its_sliding_layers_in_interleaved_pairs():
     assert lp.rotary_layers(tf.Gemma3TextConfig(**COMMON)) == [True] * 4  # Gemma 3 rotates its global layers too
 
 
+def test_layers_without_softmax_attention_do_not_rotate():
+    """Qwen3-Next's Gated DeltaNet layers (layer type "linear_attention") are never given the rotary embeddings
+    (transformers' Qwen3NextDecoderLayer passes them to its full-attention layers only)."""
+    from transformers.models.qwen3_next.modeling_qwen3_next import Qwen3NextDecoderLayer
+
+    config = tf.Qwen3NextConfig()
+    pattern = lp.layer_pattern(config)
+    assert [spec.rotary for spec in pattern] == [layer == "full_attention" for layer in config.layer_types]
+    assert [spec.rotary for spec in pattern[:4]] == [False, False, False, True]
+    assert all(spec.rope_parameters is None and spec.temperature is None for spec in pattern if not spec.rotary)
+    assert pattern[3].rope_parameters["partial_rotary_factor"] == 0.25
+    tiny = tf.Qwen3NextConfig(**COMMON, num_experts=0, linear_num_key_heads=2, linear_num_value_heads=2)
+    kinds = [hasattr(Qwen3NextDecoderLayer(tiny, i), "self_attn") for i in range(4)]  # softmax attention or not
+    assert kinds == [spec.rotary for spec in lp.layer_pattern(tiny)] == [False, False, False, True]
+    # the control: a type outside the set keeps its RoPE (Cohere2's "sliding_attention", Gemma 3's layers)
+    assert not lp.NON_ATTENTION_LAYER_TYPES & {"full_attention", "sliding_attention", "chunked_attention"}
+
+
 def test_smollm3_pattern_reproduces_the_model_through_use_posenc_rope(tiny_model):
     config = tf.SmolLM3Config(**COMMON)
     pattern = lp.layer_pattern(config)

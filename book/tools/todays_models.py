@@ -1,13 +1,17 @@
 """Chapter 13's trained comparison (:mod:`posenc.lab.hybrid_study`): five four-layer models (RoPE, causal NoPE, the
 3:1 hybrid, RNoPE-SWA and windowed RoPE) on chapter 11's two tasks and copy-after-the-first-marker, with its five
 seeds, written to ``posenc/lab/data/todays_models.json`` with the config and every seed's numbers; with ``--part
-budget``, the 3x-budget check (:func:`posenc.lab.hybrid_study.train_budget`) to ``todays_models_budget.json``.
+budget``, the 3x-budget check (:func:`posenc.lab.hybrid_study.train_budget`) to ``todays_models_budget.json``; with
+``--part controls``, the marker task's controls (other RoPE bases, a window as long as the training sequences;
+:func:`posenc.lab.hybrid_study.train_controls`) to ``todays_models_controls.json``.
 
 Usage (what ``make todays-models`` runs)::
 
     nice -n 10 python -m book.tools.todays_models --threads 1 --output posenc/lab/data/todays_models.json
     nice -n 10 python -m book.tools.todays_models --threads 1 --part budget \
         --output posenc/lab/data/todays_models_budget.json
+    nice -n 10 python -m book.tools.todays_models --threads 1 --part controls \
+        --output posenc/lab/data/todays_models_controls.json
 """
 
 from __future__ import annotations
@@ -23,14 +27,17 @@ from posenc.lab.results import provenance
 def main(argv=None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--threads", type=int, default=1)
-    parser.add_argument("--part", choices=("study", "budget"), default="study")
+    parser.add_argument("--part", choices=("study", "budget", "controls"), default="study")
     parser.add_argument("--output", default=None, help="default: the part's file in posenc/lab/data")
     args = parser.parse_args(argv)
     from posenc.lab import hybrid_study
 
-    budget = args.part == "budget"
+    train, plan, default = {
+        "study": (hybrid_study.train_study, None, hybrid_study.RESULTS_FILE),
+        "budget": (hybrid_study.train_budget, hybrid_study.BUDGET_PLAN, hybrid_study.BUDGET_FILE),
+        "controls": (hybrid_study.train_controls, hybrid_study.CONTROLS_PLAN, hybrid_study.CONTROLS_FILE),
+    }[args.part]
     start = time.perf_counter()
-    train = hybrid_study.train_budget if budget else hybrid_study.train_study
     config, runs = train(threads=args.threads)
     seconds = time.perf_counter() - start
     made = provenance(args.threads, "book.tools.todays_models")  # versions and command as every results file
@@ -41,9 +48,8 @@ def main(argv=None) -> int:
         machine=hybrid_study.machine(args.threads),
         versions=made["versions"],
         command=made["command"],
-        **({"plan": [[task, list(names)] for task, names in hybrid_study.BUDGET_PLAN]} if budget else {}),
+        **({"plan": [[task, list(names)] for task, names in plan]} if plan else {}),
     )
-    default = hybrid_study.BUDGET_FILE if budget else hybrid_study.RESULTS_FILE
     output = Path(args.output or f"posenc/lab/data/{default.name}")
     output.parent.mkdir(parents=True, exist_ok=True)
     output.write_text(json.dumps(record, indent=1) + "\n")

@@ -8,8 +8,10 @@ Llama 4's without its chunks), RNoPE-SWA (the hybrid with its RoPE layers in a s
 tokens) and its control, the same windowed RoPE in every layer. :func:`train_study` trains them;
 ``book/tools/todays_models.py`` (``make todays-models``) writes the result to :data:`RESULTS_FILE`, which ships
 with the package, and :func:`load_results` reads it back, checked. The 3x-budget check (:func:`train_budget`, the
-target's ``--part budget``) retrains the models two of the chapter's claims are about with 600 steps on three seeds
-into :data:`BUDGET_FILE` (:func:`load_budget`).
+target's ``--part budget``) retrains the models the chapter's trained claims are about (fetch, the marker task,
+NoPE on copy-back) with 600 steps on three seeds into :data:`BUDGET_FILE` (:func:`load_budget`); the controls
+(:func:`train_controls`, ``--part controls``) train the marker task's RoPE models at other bases and RNoPE-SWA with a
+window as long as the training sequences into :data:`CONTROLS_FILE` (:func:`load_controls`).
 """
 
 from __future__ import annotations
@@ -56,15 +58,34 @@ def study_tasks() -> list:
 
 def register() -> None:
     """Add ``"rope-window"`` (RoPE with a causal sliding window of :data:`WINDOW`, in every layer where it is used)
-    and ``"rnope-swa"`` (three such layers, then causal NoPE, repeated) to the harness; safe to call again."""
-    ex.add_encoding(
-        "rope-window", f"RoPE, sliding window {WINDOW}", lambda c: LocalWindow(RotaryEmbedding(c.head_dim), WINDOW)
-    )
-    ex.add_layer_pattern(
-        "rnope-swa",
-        ("rope-window", "rope-window", "rope-window", "nope-causal"),
-        f"RNoPE-SWA (RoPE window {WINDOW}, NoPE every 4th)",
-    )
+    and ``"rnope-swa"`` (three such layers, then causal NoPE, repeated) to the harness, and the models of
+    :data:`CONTROLS_PLAN`; safe to call again."""
+    _register_family("", {}, WINDOW)
+    _register_family("-1e6", {"rope_theta": CONTROL_BASE}, WINDOW)
+    _register_family("-1e5", {"rope_theta": 1e5}, None)
+    _register_family(f"-w{WIDE_WINDOW}", {}, WIDE_WINDOW, with_full=False)
+
+
+def _register_family(suffix: str, parameters: dict, window: int | None, with_full: bool = True) -> None:
+    """RoPE with ``parameters`` (``{}``: the harness's, θ = 10⁴) as ``"rope" + suffix`` and the 3:1 ``"hybrid" +
+    suffix`` (when ``with_full``; ``suffix`` ``""`` names the harness's own, which are built in), and with a window of
+    ``window`` (``None``: none) as ``"rope-window" + suffix`` and ``"rnope-swa" + suffix`` (three windowed RoPE layers,
+    then causal NoPE)."""
+    base = f"θ = {parameters['rope_theta']:,.0f}, " if parameters else ""
+    if suffix and with_full:
+        ex.add_encoding(f"rope{suffix}", f"RoPE, {base[:-2]}", lambda c: RotaryEmbedding(c.head_dim, parameters))
+        ex.add_layer_pattern(f"hybrid{suffix}", (f"rope{suffix}",) * 3 + ("nope-causal",), f"hybrid 3:1, {base[:-2]}")
+    if window is not None:
+        ex.add_encoding(
+            f"rope-window{suffix}",
+            f"RoPE, {base}sliding window {window}",
+            lambda c: LocalWindow(RotaryEmbedding(c.head_dim, parameters), window),
+        )
+        ex.add_layer_pattern(
+            f"rnope-swa{suffix}",
+            (f"rope-window{suffix}",) * 3 + ("nope-causal",),
+            f"RNoPE-SWA ({base}RoPE window {window}, NoPE every 4th)",
+        )
 
 
 def train_study(seeds=None, names=NAMES, tasks=None, threads: int = 1, device=None) -> tuple:
@@ -97,15 +118,32 @@ def _train_and_evaluate(plan: list, config: ex.ExperimentConfig, threads: int, d
 
 
 #: The 3x-budget check (``make todays-models``, part ``budget``): :data:`BUDGET_STEPS` training steps (the study's
-#: 200 times three) on the seeds :data:`BUDGET_SEEDS`, for the models two of the chapter's claims are about: the four
-#: with RoPE layers on the marker task (the two-by-two design of NoPE layer and window) and causal NoPE on copy-back.
+#: 200 times three) on the seeds :data:`BUDGET_SEEDS`, for the models the chapter's trained claims are about: the four
+#: with RoPE layers on fetch and on the marker task (each the two-by-two design of NoPE layer and window), causal NoPE
+#: on the marker task (its failure with the source deep) and on copy-back.
 BUDGET_STEPS = 600
 BUDGET_SEEDS = (0, 1, 2)
 BUDGET_PLAN = (
-    ("copy after marker 1", ("rope", "hybrid", "rnope-swa", "rope-window")),
+    ("fetch position 1", ("rope", "hybrid", "rnope-swa", "rope-window")),
+    ("copy after marker 1", ("rope", "hybrid", "rnope-swa", "rope-window", "nope-causal")),
     ("copy 2 back", ("nope-causal",)),
 )
 BUDGET_FILE = DATA_DIR / "todays_models_budget.json"
+
+#: The controls of the marker task's verdicts (``make todays-models``, part ``controls``), at the study's 200 steps on
+#: the seeds :data:`BUDGET_SEEDS`, evaluated as the study. The harness's RoPE has θ = 10⁴ on heads of d_h = 8 (four
+#: pairs); here RoPE at θ = 10⁵ and the two-by-two design of NoPE layer and window (``-1e6`` names) at
+#: :data:`CONTROL_BASE`, so that RoPE is judged by more than one base; and RNoPE-SWA with a window of
+#: :data:`WIDE_WINDOW`, the training length, which no training sequence exceeds: its window is inactive in training.
+CONTROL_BASE = 1e6
+WIDE_WINDOW = 16
+CONTROLS_PLAN = (
+    (
+        "copy after marker 1",
+        ("rope-1e5", "rope-1e6", "hybrid-1e6", "rope-window-1e6", "rnope-swa-1e6", f"rnope-swa-w{WIDE_WINDOW}"),
+    ),
+)
+CONTROLS_FILE = DATA_DIR / "todays_models_controls.json"
 
 
 def budget_config() -> ex.ExperimentConfig:
@@ -113,16 +151,17 @@ def budget_config() -> ex.ExperimentConfig:
     return replace(study_config(), steps=BUDGET_STEPS, seeds=BUDGET_SEEDS)
 
 
-def _budget_plan() -> list:
+def _plan(spec: tuple) -> list:
+    """``spec`` (:data:`BUDGET_PLAN`, :data:`CONTROLS_PLAN`) as ``(task, name)`` pairs."""
     tasks = {task.name: task for task in study_tasks()}
-    return [(tasks[task], name) for task, names in BUDGET_PLAN for name in names]
+    return [(tasks[task], name) for task, names in spec for name in names]
 
 
 def train_budget(threads: int = 1, device=None) -> tuple:
     """Train the models of :data:`BUDGET_PLAN` with :func:`budget_config`, evaluated as :func:`train_study`'s (fresh
     sequences, depth probes): ``(config, runs)``."""
     config = budget_config()
-    return config, _train_and_evaluate(_budget_plan(), config, threads, device)
+    return config, _train_and_evaluate(_plan(BUDGET_PLAN), config, threads, device)
 
 
 def load_budget(path=None) -> tuple:
@@ -130,8 +169,26 @@ def load_budget(path=None) -> tuple:
     runs as :class:`~posenc.lab.experiments.Run` without models (:func:`fresh_view` gives the fresh evaluation's).
     Raises FileNotFoundError saying how to make the file, and ValueError naming the field that disagrees with this
     module or is missing or out of range."""
-    plan = [(task.name, name) for task, name in _budget_plan()]
-    return _load(BUDGET_FILE, path, budget_config(), plan, "budget check", "--part budget, about 7 minutes")
+    plan = [(task.name, name) for task, name in _plan(BUDGET_PLAN)]
+    return _load(BUDGET_FILE, path, budget_config(), plan, "budget check", "--part budget, 10 to 15 minutes")
+
+
+def controls_config() -> ex.ExperimentConfig:
+    """:func:`study_config` (200 steps) with the seeds :data:`BUDGET_SEEDS`."""
+    return replace(study_config(), seeds=BUDGET_SEEDS)
+
+
+def train_controls(threads: int = 1, device=None) -> tuple:
+    """Train the models of :data:`CONTROLS_PLAN` with :func:`controls_config`, evaluated as :func:`train_study`'s:
+    ``(config, runs)``."""
+    config = controls_config()
+    return config, _train_and_evaluate(_plan(CONTROLS_PLAN), config, threads, device)
+
+
+def load_controls(path=None) -> tuple:
+    """Read the committed controls (default :data:`CONTROLS_FILE`): ``(record, runs)`` as :func:`load_budget`'s."""
+    plan = [(task.name, name) for task, name in _plan(CONTROLS_PLAN)]
+    return _load(CONTROLS_FILE, path, controls_config(), plan, "controls", "--part controls, a few minutes")
 
 
 def fresh_data(task, length: int, config: ex.ExperimentConfig, sequences: int = FRESH_SEQUENCES):
@@ -410,4 +467,11 @@ __all__ = [
     "budget_config",
     "train_budget",
     "load_budget",
+    "CONTROL_BASE",
+    "WIDE_WINDOW",
+    "CONTROLS_PLAN",
+    "CONTROLS_FILE",
+    "controls_config",
+    "train_controls",
+    "load_controls",
 ]
