@@ -15,9 +15,14 @@ Two parts, both in chapter 11's harness (:mod:`posenc.lab.experiments`, its defa
 * ``"budget_copy_back"``: the same check on copy-back for the standard ALiBi schedule, which fails it at 200 steps,
   and causal NoPE, its no-encoding control (:data:`COPY_BACK_BUDGET_NAMES`), at :data:`BUDGET_FACTOR` times the
   chapter's steps, scored the same way (``make experiments-study`` remakes it alone with ``--only copy-back-budget``).
+* ``"table"``: the models of the chapter's own table whose text scores them on fresh sequences
+  (:data:`TABLE_NAMES`), trained again as the chapter trains them and scored per sequence on the fresh sequences at
+  16L and 32L (:data:`TABLE_FACTORS`), so that the chapter reads these scores instead of computing them
+  (``--only table`` remakes it alone). The chapter checks its own models' table accuracies against the file's.
 
 Training is seeded and deterministic on one CPU, and a model's numbers do not depend on what else is trained beside
-it, so the chapter's live runs reproduce the file where the CPU, threads and torch match (:func:`same_platform`).
+it, so the chapter's live runs reproduce the file where the CPU, threads and torch match
+(:func:`posenc.lab.results.same_platform`).
 The probes :func:`far_attention` and :func:`attention_by_offset` read the last block's attention of trained models.
 """
 
@@ -29,7 +34,7 @@ import fractions
 import torch
 
 from . import experiments as ex
-from .results import DATA_DIR, cpu_name, default_arithmetic, read_json
+from .results import DATA_DIR, read_json
 from .tasks import CopyBack, FetchPosition
 
 RESULTS_FILE = DATA_DIR / "experiments_study.json"
@@ -41,6 +46,13 @@ FRESH_SEQUENCES = 128  # at 32L; shorter lengths get 256 (the harness's cap), ab
 BUDGET_FACTOR, BUDGET_SEEDS = 3, (0, 1, 2)
 BUDGET_NAMES = ("nope-bidirectional", "nope-causal", "rope", "xpos", "alibi", *SLOPE_FAMILY)
 COPY_BACK_BUDGET_NAMES = ("nope-causal", "alibi")
+#: per task of :func:`chapter_tasks`, the table's encodings the chapter scores on fresh sequences, at these multiples
+#: of the training length
+TABLE_NAMES = (
+    ("nope-causal", "jordan-damped", "jordan-rotation-damped"),
+    ("nope-bidirectional", "nope-causal", "sinusoidal", "learned", "rope", "xpos"),
+)
+TABLE_FACTORS = (16, 32)
 
 
 def chapter_tasks() -> list:
@@ -75,21 +87,6 @@ def fresh_config(config: ex.ExperimentConfig) -> ex.ExperimentConfig:
     return dataclasses.replace(
         config, eval_seed=config.eval_seed + FRESH_SEED, eval_tokens=FRESH_SEQUENCES * max(config.eval_lengths)
     )
-
-
-def sequence_accuracy(models: list, task, length: int, data: ex.ExperimentConfig) -> torch.Tensor:
-    """Each model's accuracy on each sequence of ``data``'s evaluation batch of ``task`` at ``length``
-    (:func:`~posenc.lab.experiments.evaluation_data`): ``(models, sequences)``."""
-    if not models:
-        raise ValueError("models must hold at least one trained model")
-    inputs, targets, mask = ex.evaluation_data(task, length, data)
-    rows = []
-    with torch.no_grad(), ex.threads(1):
-        for model in models:
-            model.eval()
-            predicted = torch.cat([model(part).argmax(-1) for part in inputs.split(32)])
-            rows.append(((predicted == targets) & mask).sum(-1) / mask.sum(-1))
-    return torch.stack(rows)
 
 
 def _last_block_weights(model, tokens: torch.Tensor) -> torch.Tensor:
@@ -138,7 +135,9 @@ def _counts(models: list, task, length: int, data: ex.ExperimentConfig) -> tuple
     targets = mask.sum(-1)
     if not (targets == targets[0]).all():
         raise ValueError(f"the sequences of {task.name} at {length} hold different numbers of targets")
-    correct = (sequence_accuracy(models, task, length, data) * targets).round().long()
+    with ex.threads(1):
+        per_sequence = ex.sequence_accuracies(models, *ex.evaluation_data(task, length, data), data)[1]
+    correct = (per_sequence * targets).round().long()
     return correct.tolist(), int(targets[0])
 
 
@@ -222,14 +221,33 @@ def copy_back_budget_study(config: ex.ExperimentConfig | None = None, progress=N
     return {str(budget.steps): part[copy_back.name]}
 
 
+def table_study(config: ex.ExperimentConfig | None = None, progress=None) -> dict:
+    """The chapter's table models of :data:`TABLE_NAMES`, every seed of ``config`` (default: the chapter's), trained
+    as the chapter trains them: ``{task: {name: per seed record}}``, scored per sequence on the fresh sequences at
+    :data:`TABLE_FACTORS` times the training length (:func:`fresh_accuracy` reads them)."""
+    config = ex.ExperimentConfig() if config is None else config
+    tasks = chapter_tasks()
+    with ex.threads(1):
+        runs = ex.run_plan([(task, name) for task, names in zip(tasks, TABLE_NAMES) for name in names], config)
+    lengths = [factor * config.train_length for factor in TABLE_FACTORS]
+    result = {}
+    for task, names in zip(tasks, TABLE_NAMES):
+        result.update(_per_seed(runs, names, [task], config, lengths, progress))
+    return result
+
+
 def record(
-    slopes: dict, budget: dict, config: ex.ExperimentConfig | None = None, budget_copy_back: dict | None = None
+    slopes: dict,
+    budget: dict,
+    config: ex.ExperimentConfig | None = None,
+    budget_copy_back: dict | None = None,
+    table: dict | None = None,
 ) -> dict:
-    """The results file: the configuration, the study's constants, the three parts and how it was made
+    """The results file: the configuration, the study's constants, the four parts and how it was made
     (:func:`posenc.lab.results.provenance`, one thread)."""
     from .results import provenance
 
-    parts = {"slopes": slopes, "budget": budget, "budget_copy_back": budget_copy_back or {}}
+    parts = {"slopes": slopes, "budget": budget, "budget_copy_back": budget_copy_back or {}, "table": table or {}}
     return {**plan(config), **parts, **provenance(1, "book.tools.experiments_study")}
 
 
@@ -249,17 +267,30 @@ def plan(config: ex.ExperimentConfig | None = None) -> dict:
         "budget_seeds": list(BUDGET_SEEDS),
         "budget_names": {name: ex.encoding_label(name) for name in BUDGET_NAMES},
         "budget_copy_back_names": {name: ex.encoding_label(name) for name in COPY_BACK_BUDGET_NAMES},
+        "table_names": {task.name: list(names) for task, names in zip(chapter_tasks(), TABLE_NAMES)},
+        "table_lengths": [factor * config.train_length for factor in TABLE_FACTORS],
     }
 
 
 def load(path=None) -> dict:
     """Read the committed study (default :data:`RESULTS_FILE`), checked: ValueError names a field that disagrees
-    with this module's plan or an accuracy outside [0, 1]; FileNotFoundError says how to make the file."""
+    with this module's plan, a table model or length missing from ``"table"``, or an accuracy outside [0, 1];
+    FileNotFoundError says how to make the file."""
     path, data = read_json(RESULTS_FILE.name, path, "chapter 11 study", "`make experiments-study` remakes it")
-    for key, value in plan().items():
+    expected = plan()
+    for key, value in expected.items():
         if data.get(key) != value:
             raise ValueError(f"{path.name}: field {key!r} is {data.get(key)!r}, the code says {value!r}: remake it")
-    parts = [entry for per_task in data["slopes"].values() for entry in per_task.values()]
+    lengths = sorted(str(n) for n in expected["table_lengths"])
+    for task, names in expected["table_names"].items():
+        for name in names:
+            entry = data.get("table", {}).get(task, {}).get(name, {})
+            if entry.get("seeds") != expected["config"]["seeds"] or sorted(entry.get("fresh", {})) != lengths:
+                raise ValueError(
+                    f"{path.name}: table[{task!r}][{name!r}] must hold seeds {expected['config']['seeds']} scored at "
+                    f"{lengths}: remake it with --only table"
+                )
+    parts = [entry for key in ("slopes", "table") for per_task in data[key].values() for entry in per_task.values()]
     for key in ("budget", "budget_copy_back"):
         parts += [entry for per_steps in data[key].values() for entry in per_steps.values()]
     for entry in parts:
@@ -284,18 +315,6 @@ def runs_of(part: dict, task: str) -> list:
     return runs
 
 
-def same_platform(data: dict, threads: int = 1) -> bool:
-    """Whether a retraining here with ``threads`` threads reproduces ``data`` bit for bit: the same CPU model,
-    thread count and torch version as the file's, on torch's default CPU arithmetic (another CPU, torch or
-    arithmetic path may round differently, and training carries the difference on)."""
-    machine, versions = data.get("machine", {}), data.get("versions", {})
-    return default_arithmetic() and (machine.get("cpu"), machine.get("threads"), versions.get("torch")) == (
-        cpu_name(),
-        threads,
-        torch.__version__,
-    )
-
-
 __all__ = [
     "RESULTS_FILE",
     "SLOPE_FAMILY",
@@ -304,21 +323,22 @@ __all__ = [
     "BUDGET_SEEDS",
     "BUDGET_NAMES",
     "COPY_BACK_BUDGET_NAMES",
+    "TABLE_NAMES",
+    "TABLE_FACTORS",
     "chapter_tasks",
     "slope_label",
     "register_slope_family",
     "validation_config",
     "fresh_config",
-    "sequence_accuracy",
     "fresh_accuracy",
     "far_attention",
     "attention_by_offset",
     "slope_study",
     "budget_study",
     "copy_back_budget_study",
+    "table_study",
     "plan",
     "record",
     "load",
     "runs_of",
-    "same_platform",
 ]
