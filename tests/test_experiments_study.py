@@ -40,6 +40,37 @@ def test_slope_family_is_registered_with_its_slopes(registry):
     assert study.register_slope_family() == names  # again: no error
 
 
+def test_families_are_registered_with_their_scale_and_base(registry):
+    names = study.register_families()
+    assert names == [*study.XPOS_SCALES, *study.ROPE_BASES] and study.register_families() == names
+    assert study.FAMILIES == {"xpos": ("xpos", *study.XPOS_SCALES), "rope": ("rope", *study.ROPE_BASES)}
+    config = ex.ExperimentConfig()
+    for name, base in study.ROPE_BASES.items():
+        inv_freq = ex.build_model(name, config, 0).encoding.inv_freq.double()
+        expected = base ** (-torch.arange(0, config.head_dim, 2, dtype=torch.float64) / config.head_dim)
+        torch.testing.assert_close(inv_freq, expected, rtol=1e-6, atol=0)
+    from posenc.generators import xpos_generator
+
+    for name, scale in study.XPOS_SCALES.items():
+        generator = ex.build_model(name, config, 0).encoding.generator
+        torch.testing.assert_close(generator, xpos_generator(config.head_dim, scale_base=scale))
+        assert not torch.equal(generator, ex.build_model("xpos", config, 0).encoding.generator)  # not B = 512
+    assert ex.encoding_label("xpos-8") == "xPos, B = 8" and ex.encoding_label("rope-1e6") == "RoPE, base 1e6"
+
+
+def test_a_tiny_families_part_scores_every_length_and_validation(registry):
+    config = tiny()
+    part = study.families_study(config)
+    assert {family: list(entries) for family, entries in part.items()} == {
+        family: list(names) for family, names in study.FAMILIES.items()
+    }
+    for entries in part.values():
+        for entry in entries.values():
+            assert entry["seeds"] == list(study.FAMILY_SEEDS) and set(entry["fresh"]) == {"16", "32"}
+            assert entry["fresh_targets"] == {"16": 14, "32": 30} and entry["validation_targets"] == {"32": 30}
+            assert study.fresh_accuracy(entry, 32, "validation").shape == (3, config.eval_batch(32))
+
+
 def test_fresh_and_validation_batches_are_new_sequences():
     config = ex.ExperimentConfig()
     fresh, validation = study.fresh_config(config), study.validation_config(config)
@@ -160,6 +191,15 @@ def test_committed_file_matches_the_plan(registry):
             }
             assert [len(row) for row in entry["fresh"]["512"]] == [study.FRESH_SEQUENCES] * len(config.seeds)
             assert [len(row) for row in entry["fresh"]["256"]] == [config.eval_batch_size] * len(config.seeds)
+    assert data["family_seeds"] == list(study.FAMILY_SEEDS)
+    for family, names in study.FAMILIES.items():
+        assert list(data["families"][family]) == list(names)
+        for entry in data["families"][family].values():
+            assert entry["seeds"] == list(study.FAMILY_SEEDS) and set(entry["fresh"]) == {
+                str(n) for n in config.eval_lengths
+            }
+            assert all(entry["fresh_targets"][str(n)] == n - 2 for n in config.eval_lengths)  # copy 2 back
+            assert len(entry["validation"]["32"]) == len(study.FAMILY_SEEDS)
 
 
 def test_load_names_a_field_that_disagrees(tmp_path):
