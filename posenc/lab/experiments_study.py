@@ -304,7 +304,9 @@ def record(
 
     parts = {"slopes": slopes, "budget": budget, "budget_copy_back": budget_copy_back or {}, "table": table or {}}
     parts["families"] = families or {}
-    return {**plan(config), **parts, **provenance(1, "book.tools.experiments_study")}
+    fields = plan(config)
+    assert not set(fields) & set(parts), "a part would overwrite a plan field"
+    return {**fields, **parts, **provenance(1, "book.tools.experiments_study")}
 
 
 def plan(config: ex.ExperimentConfig | None = None) -> dict:
@@ -326,7 +328,9 @@ def plan(config: ex.ExperimentConfig | None = None) -> dict:
         "budget_copy_back_names": {name: ex.encoding_label(name) for name in COPY_BACK_BUDGET_NAMES},
         "table_names": {task.name: list(names) for task, names in zip(chapter_tasks(), TABLE_NAMES)},
         "table_lengths": [factor * config.train_length for factor in TABLE_FACTORS],
-        "families": {family: {name: ex.encoding_label(name) for name in names} for family, names in FAMILIES.items()},
+        "family_members": {
+            family: {name: ex.encoding_label(name) for name in names} for family, names in FAMILIES.items()
+        },
         "family_seeds": list(FAMILY_SEEDS),
     }
 
@@ -350,7 +354,7 @@ def load(path=None) -> dict:
                     f"{lengths}: remake it with --only table"
                 )
     lengths = sorted(str(n) for n in ex.ExperimentConfig(**expected["config"]).eval_lengths)
-    for family, names in expected["families"].items():
+    for family, names in expected["family_members"].items():
         for name in names:
             entry = data.get("families", {}).get(family, {}).get(name, {})
             if entry.get("seeds") != expected["family_seeds"] or sorted(entry.get("fresh", {})) != lengths:
