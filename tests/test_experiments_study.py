@@ -214,6 +214,11 @@ def test_load_names_a_field_that_disagrees(tmp_path):
     path.write_text(json.dumps(data))
     with pytest.raises(ValueError, match="jordan-damped"):
         study.load(path)
+    data = study.load()
+    del data["families"]["rope"]["rope-1e6"]
+    path.write_text(json.dumps(data))
+    with pytest.raises(ValueError, match="rope-1e6"):
+        study.load(path)
     with pytest.raises(FileNotFoundError, match="make experiments-study"):
         study.load(tmp_path / "missing.json")
 
