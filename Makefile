@@ -137,7 +137,9 @@ todays-models: $(STAMP)
 	nice -n 10 $(PY) -m book.tools.todays_models --threads 1 --part controls --output posenc/lab/data/todays_models_controls.json
 
 ## make experiments-study: chapter 11's trained study (ALiBi's slope family on both tasks, five seeds; the budget check on fetch:
-## every encoding that fails it at 200 steps, again at 600 on three seeds; and on copy-back, standard ALiBi and causal NoPE at 600; scored on fresh sequences at every length), written to
+## every encoding that fails it at 200 steps, again at 600 on three seeds; and on copy-back, standard ALiBi and causal NoPE at 600; scored on fresh sequences at every length;
+## the table's models the chapter scores on fresh sequences at 16L and 32L, `--only table`; xPos's damping scales and
+## RoPE's bases on copy-back, three seeds, `--only families`), written to
 ## posenc/lab/data/experiments_study.json (the chapter reads it and retrains one seed live as a spot check)
 experiments-study: $(STAMP)
 	OMP_NUM_THREADS=1 nice -n 10 $(PY) -m book.tools.experiments_study --output posenc/lab/data/experiments_study.json

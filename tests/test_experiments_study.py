@@ -12,6 +12,7 @@ import torch
 from book.tools import experiments_study as tool
 from posenc.lab import experiments as ex
 from posenc.lab import experiments_study as study
+from posenc.lab import results
 
 
 @pytest.fixture(autouse=True)
@@ -39,6 +40,37 @@ def test_slope_family_is_registered_with_its_slopes(registry):
     assert study.register_slope_family() == names  # again: no error
 
 
+def test_families_are_registered_with_their_scale_and_base(registry):
+    names = study.register_families()
+    assert names == [*study.XPOS_SCALES, *study.ROPE_BASES] and study.register_families() == names
+    assert study.FAMILIES == {"xpos": ("xpos", *study.XPOS_SCALES), "rope": ("rope", *study.ROPE_BASES)}
+    config = ex.ExperimentConfig()
+    for name, base in study.ROPE_BASES.items():
+        inv_freq = ex.build_model(name, config, 0).encoding.inv_freq.double()
+        expected = base ** (-torch.arange(0, config.head_dim, 2, dtype=torch.float64) / config.head_dim)
+        torch.testing.assert_close(inv_freq, expected, rtol=1e-6, atol=0)
+    from posenc.generators import xpos_generator
+
+    for name, scale in study.XPOS_SCALES.items():
+        generator = ex.build_model(name, config, 0).encoding.generator
+        torch.testing.assert_close(generator, xpos_generator(config.head_dim, scale_base=scale))
+        assert not torch.equal(generator, ex.build_model("xpos", config, 0).encoding.generator)  # not B = 512
+    assert ex.encoding_label("xpos-8") == "xPos, B = 8" and ex.encoding_label("rope-1e6") == "RoPE, base 1e6"
+
+
+def test_a_tiny_families_part_scores_every_length_and_validation(registry):
+    config = tiny()
+    part = study.families_study(config)
+    assert {family: list(entries) for family, entries in part.items()} == {
+        family: list(names) for family, names in study.FAMILIES.items()
+    }
+    for entries in part.values():
+        for entry in entries.values():
+            assert entry["seeds"] == list(study.FAMILY_SEEDS) and set(entry["fresh"]) == {"16", "32"}
+            assert entry["fresh_targets"] == {"16": 14, "32": 30} and entry["validation_targets"] == {"32": 30}
+            assert study.fresh_accuracy(entry, 32, "validation").shape == (3, config.eval_batch(32))
+
+
 def test_fresh_and_validation_batches_are_new_sequences():
     config = ex.ExperimentConfig()
     fresh, validation = study.fresh_config(config), study.validation_config(config)
@@ -49,18 +81,6 @@ def test_fresh_and_validation_batches_are_new_sequences():
         for n in (16, 512):
             table = ex.evaluation_data(task, n, config)[0]
             assert not torch.equal(ex.evaluation_data(task, n, other)[0][:8], table[:8])
-
-
-def test_sequence_accuracy_pools_to_the_harness_accuracy():
-    config = tiny()
-    task = study.chapter_tasks()[1]
-    models = [trained("rope", config, seed) for seed in (0, 1)]
-    per_sequence = study.sequence_accuracy(models, task, 32, config)
-    assert per_sequence.shape == (2, config.eval_batch(32))
-    for model, row in zip(models, per_sequence):  # every sequence holds the same number of targets
-        assert row.mean().item() == pytest.approx(ex.evaluate(model, task, 32, config)[0], abs=1e-6)
-    with pytest.raises(ValueError, match="models"):
-        study.sequence_accuracy([], task, 32, config)
 
 
 def test_attention_probes_on_uniform_attention():
@@ -122,6 +142,17 @@ def test_a_tiny_copy_back_budget_trains_three_times_the_steps():
         assert entry["fresh_targets"] == {"16": 14, "32": 30}  # copy 2 back: every query from 2 on
 
 
+def test_a_tiny_table_part_scores_the_tables_models_at_16L_and_32L():
+    config = dataclasses.replace(tiny(train_length=4), length_factors=(1, 16, 32))  # fresh at 64 and 128
+    part = study.table_study(config)
+    for task, names, offset in zip(study.chapter_tasks(), study.TABLE_NAMES, (2, 1)):
+        assert list(part[task.name]) == list(names)
+        for entry in part[task.name].values():
+            assert entry["seeds"] == [0] and set(entry["accuracy"]) == {"4", "64", "128"}
+            assert entry["fresh_targets"] == {"64": 64 - offset, "128": 128 - offset}
+            assert study.fresh_accuracy(entry, 128).shape == (1, study.FRESH_SEQUENCES)
+
+
 def test_compact_json_keeps_the_record():
     record = {"a": [1, 2, 3], "b": {"c": [[0.5, 1e-05], [-2, 3]]}, "d": "x [1, 2]"}
     text = tool.compact_json(record)
@@ -152,6 +183,23 @@ def test_committed_file_matches_the_plan(registry):
     for entry in part.values():
         assert entry["seeds"] == [0, 1, 2] and len(entry["final_loss"]) == 3
         assert all(entry["fresh_targets"][str(n)] == n - 2 for n in config.eval_lengths)  # copy 2 back
+    for task, names in zip(study.chapter_tasks(), study.TABLE_NAMES):
+        assert list(data["table"][task.name]) == list(names)
+        for entry in data["table"][task.name].values():
+            assert entry["seeds"] == list(config.seeds) and set(entry["accuracy"]) == {
+                str(n) for n in config.eval_lengths
+            }
+            assert [len(row) for row in entry["fresh"]["512"]] == [study.FRESH_SEQUENCES] * len(config.seeds)
+            assert [len(row) for row in entry["fresh"]["256"]] == [config.eval_batch_size] * len(config.seeds)
+    assert data["family_seeds"] == list(study.FAMILY_SEEDS)
+    for family, names in study.FAMILIES.items():
+        assert list(data["families"][family]) == list(names)
+        for entry in data["families"][family].values():
+            assert entry["seeds"] == list(study.FAMILY_SEEDS) and set(entry["fresh"]) == {
+                str(n) for n in config.eval_lengths
+            }
+            assert all(entry["fresh_targets"][str(n)] == n - 2 for n in config.eval_lengths)  # copy 2 back
+            assert len(entry["validation"]["32"]) == len(study.FAMILY_SEEDS)
 
 
 def test_load_names_a_field_that_disagrees(tmp_path):
@@ -161,6 +209,16 @@ def test_load_names_a_field_that_disagrees(tmp_path):
     path.write_text(json.dumps(data))
     with pytest.raises(ValueError, match="budget_seeds"):
         study.load(path)
+    data = study.load()
+    del data["table"]["copy 2 back"]["jordan-damped"]
+    path.write_text(json.dumps(data))
+    with pytest.raises(ValueError, match="jordan-damped"):
+        study.load(path)
+    data = study.load()
+    del data["families"]["rope"]["rope-1e6"]
+    path.write_text(json.dumps(data))
+    with pytest.raises(ValueError, match="rope-1e6"):
+        study.load(path)
     with pytest.raises(FileNotFoundError, match="make experiments-study"):
         study.load(tmp_path / "missing.json")
 
@@ -169,7 +227,7 @@ def test_one_member_retrained_reproduces_the_file(registry):
     """Seeded training on the file's CPU, threads and torch gives the file's numbers bit for bit (and a model's
     numbers do not depend on what was trained beside it)."""
     data = study.load()
-    if not study.same_platform(data):
+    if not results.same_platform(data):
         pytest.skip("another CPU or torch than the file's: training rounds differently")
     study.register_slope_family()
     config = dataclasses.replace(ex.ExperimentConfig(), seeds=(0,))
@@ -184,4 +242,4 @@ def test_one_member_retrained_reproduces_the_file(registry):
 def test_a_forced_arithmetic_path_is_not_the_files_platform(monkeypatch):
     data = study.load()
     monkeypatch.setenv("ATEN_CPU_CAPABILITY", "default")
-    assert not study.same_platform(data)
+    assert not results.same_platform(data)

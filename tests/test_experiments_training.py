@@ -22,6 +22,7 @@ from posenc.lab.experiments.training import (
     run_encoding,
     run_experiments,
     run_plan,
+    sequence_accuracies,
     train,
 )
 from posenc.lab.tasks import CopyBack, FetchPosition
@@ -233,3 +234,18 @@ def test_alibi_slopes_train_apart(scratch):
     assert len(ensemble.groups) == 2  # other slopes: never one shared bias
     tokens = torch.randint(TINY.vocab_size, (4, 2, 12), generator=torch.Generator().manual_seed(2))
     assert torch.allclose(ensemble.logits(tokens), _alone(ensemble, tokens), atol=1e-5)  # float32: fused attention
+
+
+def test_sequence_accuracies_pool_to_the_harness_accuracy():
+    task = FetchPosition(1)  # every sequence holds the same number of targets
+    models = [build_model("rope", TINY, seed) for seed in (0, 1)]
+    inputs, targets, mask = training.evaluation_data(task, 16, TINY)
+    pooled, per_sequence = sequence_accuracies(models, inputs, targets, mask, TINY)
+    assert per_sequence.shape == (2, TINY.eval_batch(16)) and per_sequence.dtype == torch.float64
+    for model, total, row in zip(models, pooled, per_sequence):
+        harness = evaluate(model, task, 16, TINY)[0]
+        assert total.item() == pytest.approx(harness, abs=1e-6) and row.mean().item() == pytest.approx(
+            harness, abs=1e-6
+        )
+    with pytest.raises(TypeError, match="models"):
+        sequence_accuracies([], inputs, targets, mask, TINY)

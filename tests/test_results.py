@@ -1,5 +1,7 @@
 """posenc.lab.results: how a results file records the machine, versions and command that made it."""
 
+import pytest
+
 from posenc.lab import results
 
 
@@ -20,3 +22,22 @@ def test_default_arithmetic_is_false_when_the_cpu_path_is_forced(monkeypatch):
         monkeypatch.setenv(name, "default")
         assert not results.default_arithmetic()
         monkeypatch.delenv(name)
+
+
+def test_same_platform_reads_provenance_cpu_threads_torch_and_the_arithmetic_path(monkeypatch):
+    import torch
+
+    for name in results.ARITHMETIC_OVERRIDES:
+        monkeypatch.delenv(name, raising=False)
+    record = results.provenance(1, "book.tools.example")
+    assert results.same_platform(record) and not results.same_platform(record, threads=2)
+    assert not results.same_platform(dict(record, machine=dict(record["machine"], cpu="another CPU")))
+    assert not results.same_platform(dict(record, versions=dict(record["versions"], torch="0.0")))
+    assert results.same_platform(
+        {"machine": {"cpu": results.cpu_name(), "threads": 1}, "versions": {"torch": torch.__version__}}
+    )
+    assert not results.same_platform({})
+    monkeypatch.setenv("ATEN_CPU_CAPABILITY", "default")
+    assert not results.same_platform(record)
+    with pytest.raises(TypeError, match="record"):
+        results.same_platform([])

@@ -4,8 +4,9 @@ Usage (``--steps`` and ``--seeds`` shrink the plan for a quick try; the committe
 
     nice -n 10 python -m book.tools.experiments_study --output posenc/lab/data/experiments_study.json
 
-``--only copy-back-budget`` retrains only the copy-back budget part and writes it into the existing file (the other
-parts' models do not depend on it, so the file is what a full run would write).
+``--only copy-back-budget`` (or ``--only table``, ``--only families``) retrains only the copy-back budget part (or
+the chapter's table models, the ``"table"`` part, or xPos's and RoPE's families, ``"families"``) and writes it into
+the existing file (the other parts' models do not depend on it, so the file is what a full run would write).
 """
 
 from __future__ import annotations
@@ -32,7 +33,9 @@ def main(argv=None) -> int:
     parser.add_argument("--output", default=str(study.RESULTS_FILE))
     parser.add_argument("--steps", type=int, default=None, help="training steps (default: the chapter's 200)")
     parser.add_argument("--seeds", default=None, help="comma-separated seeds (default: the chapter's five)")
-    parser.add_argument("--only", choices=["copy-back-budget"], default=None, help="remake one part of --output")
+    parser.add_argument(
+        "--only", choices=["copy-back-budget", "table", "families"], default=None, help="remake one part of --output"
+    )
     args = parser.parse_args(argv)
     config = ex.ExperimentConfig()
     if args.steps is not None:
@@ -50,18 +53,26 @@ def main(argv=None) -> int:
         )
 
     start = time.perf_counter()
-    if args.only == "copy-back-budget":
+    if args.only is not None:
         data = json.loads(Path(args.output).read_text())
-        copy_back = study.copy_back_budget_study(config, progress)
-        new = study.record(data["slopes"], data["budget"], config, copy_back)
+        parts = {key: data.get(key) for key in ("budget_copy_back", "table", "families")}
+        if args.only == "copy-back-budget":
+            parts["budget_copy_back"] = study.copy_back_budget_study(config, progress)
+        elif args.only == "table":
+            parts["table"] = study.table_study(config, progress)
+        else:
+            parts["families"] = study.families_study(config, progress)
+        new = study.record(data["slopes"], data["budget"], config, **parts)
         Path(args.output).write_text(compact_json(new))
-        print(f"wrote the copy-back budget part into {args.output} ({time.perf_counter() - start:.0f} s)")
+        print(f"wrote the {args.only} part into {args.output} ({time.perf_counter() - start:.0f} s)")
         return 0
     slopes = study.slope_study(config, progress)
     print(f"ALiBi's family: {time.perf_counter() - start:.0f} s; budget check on fetch", flush=True)
     budget = study.budget_study(config, progress)
     copy_back = study.copy_back_budget_study(config, progress)
-    Path(args.output).write_text(compact_json(study.record(slopes, budget, config, copy_back)))
+    table = study.table_study(config, progress)
+    families = study.families_study(config, progress)
+    Path(args.output).write_text(compact_json(study.record(slopes, budget, config, copy_back, table, families)))
     print(f"wrote {args.output} ({time.perf_counter() - start:.0f} s)")
     return 0
 

@@ -15,9 +15,18 @@ Two parts, both in chapter 11's harness (:mod:`posenc.lab.experiments`, its defa
 * ``"budget_copy_back"``: the same check on copy-back for the standard ALiBi schedule, which fails it at 200 steps,
   and causal NoPE, its no-encoding control (:data:`COPY_BACK_BUDGET_NAMES`), at :data:`BUDGET_FACTOR` times the
   chapter's steps, scored the same way (``make experiments-study`` remakes it alone with ``--only copy-back-budget``).
+* ``"table"``: the models of the chapter's own table whose text scores them on fresh sequences
+  (:data:`TABLE_NAMES`), trained again as the chapter trains them and scored per sequence on the fresh sequences at
+  16L and 32L (:data:`TABLE_FACTORS`), so that the chapter reads these scores instead of computing them
+  (``--only table`` remakes it alone). The chapter checks its own models' table accuracies against the file's.
+* ``"families"``: xPos's damping scale and RoPE's base judged as ALiBi's slopes are (:data:`FAMILIES`: the chapter's
+  ``"xpos"``, ``B = 512``, and ``"rope"``, ``b = 10^4``, with the other members), on copy-back, :data:`FAMILY_SEEDS`,
+  the chapter's steps; each model scored on the 2L validation batch and on the fresh sequences at every length
+  (``--only families`` remakes it alone).
 
 Training is seeded and deterministic on one CPU, and a model's numbers do not depend on what else is trained beside
-it, so the chapter's live runs reproduce the file where the CPU, threads and torch match (:func:`same_platform`).
+it, so the chapter's live runs reproduce the file where the CPU, threads and torch match
+(:func:`posenc.lab.results.same_platform`).
 The probes :func:`far_attention` and :func:`attention_by_offset` read the last block's attention of trained models.
 """
 
@@ -29,7 +38,7 @@ import fractions
 import torch
 
 from . import experiments as ex
-from .results import DATA_DIR, cpu_name, default_arithmetic, read_json
+from .results import DATA_DIR, read_json
 from .tasks import CopyBack, FetchPosition
 
 RESULTS_FILE = DATA_DIR / "experiments_study.json"
@@ -41,6 +50,18 @@ FRESH_SEQUENCES = 128  # at 32L; shorter lengths get 256 (the harness's cap), ab
 BUDGET_FACTOR, BUDGET_SEEDS = 3, (0, 1, 2)
 BUDGET_NAMES = ("nope-bidirectional", "nope-causal", "rope", "xpos", "alibi", *SLOPE_FAMILY)
 COPY_BACK_BUDGET_NAMES = ("nope-causal", "alibi")
+#: per task of :func:`chapter_tasks`, the table's encodings the chapter scores on fresh sequences, at these multiples
+#: of the training length
+TABLE_NAMES = (
+    ("nope-causal", "jordan-damped", "jordan-rotation-damped"),
+    ("nope-bidirectional", "nope-causal", "sinusoidal", "learned", "rope", "alibi", "xpos"),
+)
+TABLE_FACTORS = (16, 32)
+#: xPos's damping scale ``B`` (the chapter's ``"xpos"`` has ``B = 512``) and RoPE's base (``"rope"`` has ``10^4``)
+XPOS_SCALES = {"xpos-8": 8.0, "xpos-32": 32.0, "xpos-128": 128.0}
+ROPE_BASES = {"rope-1e5": 1e5, "rope-1e6": 1e6, "rope-1e7": 1e7, "rope-1e8": 1e8}
+FAMILIES = {"xpos": ("xpos", *XPOS_SCALES), "rope": ("rope", *ROPE_BASES)}
+FAMILY_SEEDS = (0, 1, 2)
 
 
 def chapter_tasks() -> list:
@@ -64,6 +85,29 @@ def register_slope_family() -> list:
     ]
 
 
+def register_families() -> list:
+    """Add the members of :data:`XPOS_SCALES` and :data:`ROPE_BASES` to the harness (safe to call again); returns
+    their names."""
+    from ..generators import xpos_generator
+    from ..group_encodings import GroupEncoding
+    from ..rope import RotaryEmbedding
+
+    names = [
+        ex.add_encoding(
+            name, f"xPos, B = {scale:g}", lambda c, s=scale: GroupEncoding(xpos_generator(c.head_dim, scale_base=s))
+        )
+        for name, scale in XPOS_SCALES.items()
+    ]
+    return names + [
+        ex.add_encoding(
+            name,
+            f"RoPE, base {base:.0e}".replace("e+0", "e"),
+            lambda c, b=base: RotaryEmbedding(c.head_dim, rope_parameters={"rope_type": "default", "rope_theta": b}),
+        )
+        for name, base in ROPE_BASES.items()
+    ]
+
+
 def validation_config(config: ex.ExperimentConfig) -> ex.ExperimentConfig:
     """``config`` with the validation batches: another evaluation seed, the harness's batch sizes."""
     return dataclasses.replace(config, eval_seed=config.eval_seed + VALIDATION_SEED)
@@ -75,21 +119,6 @@ def fresh_config(config: ex.ExperimentConfig) -> ex.ExperimentConfig:
     return dataclasses.replace(
         config, eval_seed=config.eval_seed + FRESH_SEED, eval_tokens=FRESH_SEQUENCES * max(config.eval_lengths)
     )
-
-
-def sequence_accuracy(models: list, task, length: int, data: ex.ExperimentConfig) -> torch.Tensor:
-    """Each model's accuracy on each sequence of ``data``'s evaluation batch of ``task`` at ``length``
-    (:func:`~posenc.lab.experiments.evaluation_data`): ``(models, sequences)``."""
-    if not models:
-        raise ValueError("models must hold at least one trained model")
-    inputs, targets, mask = ex.evaluation_data(task, length, data)
-    rows = []
-    with torch.no_grad(), ex.threads(1):
-        for model in models:
-            model.eval()
-            predicted = torch.cat([model(part).argmax(-1) for part in inputs.split(32)])
-            rows.append(((predicted == targets) & mask).sum(-1) / mask.sum(-1))
-    return torch.stack(rows)
 
 
 def _last_block_weights(model, tokens: torch.Tensor) -> torch.Tensor:
@@ -138,7 +167,9 @@ def _counts(models: list, task, length: int, data: ex.ExperimentConfig) -> tuple
     targets = mask.sum(-1)
     if not (targets == targets[0]).all():
         raise ValueError(f"the sequences of {task.name} at {length} hold different numbers of targets")
-    correct = (sequence_accuracy(models, task, length, data) * targets).round().long()
+    with ex.threads(1):
+        per_sequence = ex.sequence_accuracies(models, *ex.evaluation_data(task, length, data), data)[1]
+    correct = (per_sequence * targets).round().long()
     return correct.tolist(), int(targets[0])
 
 
@@ -182,14 +213,36 @@ def slope_study(config: ex.ExperimentConfig | None = None, progress=None) -> dic
     with ex.threads(1):
         runs = ex.run_plan([(task, name) for task in tasks for name in FAMILY], config)
     result = _per_seed(runs, FAMILY, tasks, config, [max(config.eval_lengths)])
+    _add_validation(result, runs, FAMILY, tasks, config, progress)
+    return result
+
+
+def _add_validation(result: dict, runs: list, names, tasks, config: ex.ExperimentConfig, progress=None) -> None:
+    """Add to each ``result[task][name]`` its models' correct targets per sequence on the 2L validation batch."""
     validation, at = validation_config(config), 2 * config.train_length
     for task in tasks:
-        for name in FAMILY:
+        for name in names:
             models = [r.model for r in runs if r.task == task.name and r.encoding == name]
             correct, targets = _counts(models, task, at, validation)
             result[task.name][name].update(validation={str(at): correct}, validation_targets={str(at): targets})
             if progress is not None:
                 progress(task.name, name, result[task.name][name])
+
+
+def families_study(config: ex.ExperimentConfig | None = None, progress=None) -> dict:
+    """xPos's and RoPE's families (:data:`FAMILIES`) on copy-back, :data:`FAMILY_SEEDS`, ``config.steps``:
+    ``{family: {name: per seed record}}`` with the table's accuracies, the 2L validation batch and the fresh
+    sequences at every length, per sequence (:func:`fresh_accuracy` reads both)."""
+    config = dataclasses.replace(ex.ExperimentConfig() if config is None else config, seeds=FAMILY_SEEDS)
+    register_families()
+    copy_back = chapter_tasks()[0]
+    result = {}
+    for family, names in FAMILIES.items():
+        with ex.threads(1):
+            runs = ex.run_plan([(copy_back, name) for name in names], config)
+        part = _per_seed(runs, names, [copy_back], config, config.eval_lengths)
+        _add_validation(part, runs, names, [copy_back], config, progress)
+        result[family] = part[copy_back.name]
     return result
 
 
@@ -222,21 +275,45 @@ def copy_back_budget_study(config: ex.ExperimentConfig | None = None, progress=N
     return {str(budget.steps): part[copy_back.name]}
 
 
+def table_study(config: ex.ExperimentConfig | None = None, progress=None) -> dict:
+    """The chapter's table models of :data:`TABLE_NAMES`, every seed of ``config`` (default: the chapter's), trained
+    as the chapter trains them: ``{task: {name: per seed record}}``, scored per sequence on the fresh sequences at
+    :data:`TABLE_FACTORS` times the training length (:func:`fresh_accuracy` reads them)."""
+    config = ex.ExperimentConfig() if config is None else config
+    tasks = chapter_tasks()
+    with ex.threads(1):
+        runs = ex.run_plan([(task, name) for task, names in zip(tasks, TABLE_NAMES) for name in names], config)
+    lengths = [factor * config.train_length for factor in TABLE_FACTORS]
+    result = {}
+    for task, names in zip(tasks, TABLE_NAMES):
+        result.update(_per_seed(runs, names, [task], config, lengths, progress))
+    return result
+
+
 def record(
-    slopes: dict, budget: dict, config: ex.ExperimentConfig | None = None, budget_copy_back: dict | None = None
+    slopes: dict,
+    budget: dict,
+    config: ex.ExperimentConfig | None = None,
+    budget_copy_back: dict | None = None,
+    table: dict | None = None,
+    families: dict | None = None,
 ) -> dict:
-    """The results file: the configuration, the study's constants, the three parts and how it was made
+    """The results file: the configuration, the study's constants, the five parts and how it was made
     (:func:`posenc.lab.results.provenance`, one thread)."""
     from .results import provenance
 
-    parts = {"slopes": slopes, "budget": budget, "budget_copy_back": budget_copy_back or {}}
-    return {**plan(config), **parts, **provenance(1, "book.tools.experiments_study")}
+    parts = {"slopes": slopes, "budget": budget, "budget_copy_back": budget_copy_back or {}, "table": table or {}}
+    parts["families"] = families or {}
+    fields = plan(config)
+    assert not set(fields) & set(parts), "a part would overwrite a plan field"
+    return {**fields, **parts, **provenance(1, "book.tools.experiments_study")}
 
 
 def plan(config: ex.ExperimentConfig | None = None) -> dict:
     """What the file must have been made with (checked by :func:`load`): config, tasks, family, budget."""
     config = ex.ExperimentConfig() if config is None else config
     register_slope_family()
+    register_families()
     return {
         "config": {k: list(v) if isinstance(v, tuple) else v for k, v in dataclasses.asdict(config).items()},
         "tasks": [task.name for task in chapter_tasks()],
@@ -249,18 +326,44 @@ def plan(config: ex.ExperimentConfig | None = None) -> dict:
         "budget_seeds": list(BUDGET_SEEDS),
         "budget_names": {name: ex.encoding_label(name) for name in BUDGET_NAMES},
         "budget_copy_back_names": {name: ex.encoding_label(name) for name in COPY_BACK_BUDGET_NAMES},
+        "table_names": {task.name: list(names) for task, names in zip(chapter_tasks(), TABLE_NAMES)},
+        "table_lengths": [factor * config.train_length for factor in TABLE_FACTORS],
+        "family_members": {
+            family: {name: ex.encoding_label(name) for name in names} for family, names in FAMILIES.items()
+        },
+        "family_seeds": list(FAMILY_SEEDS),
     }
 
 
 def load(path=None) -> dict:
     """Read the committed study (default :data:`RESULTS_FILE`), checked: ValueError names a field that disagrees
-    with this module's plan or an accuracy outside [0, 1]; FileNotFoundError says how to make the file."""
+    with this module's plan, a table model or length missing from ``"table"`` (or a member from ``"families"``), or
+    an accuracy outside [0, 1]; FileNotFoundError says how to make the file."""
     path, data = read_json(RESULTS_FILE.name, path, "chapter 11 study", "`make experiments-study` remakes it")
-    for key, value in plan().items():
+    expected = plan()
+    for key, value in expected.items():
         if data.get(key) != value:
             raise ValueError(f"{path.name}: field {key!r} is {data.get(key)!r}, the code says {value!r}: remake it")
-    parts = [entry for per_task in data["slopes"].values() for entry in per_task.values()]
-    for key in ("budget", "budget_copy_back"):
+    lengths = sorted(str(n) for n in expected["table_lengths"])
+    for task, names in expected["table_names"].items():
+        for name in names:
+            entry = data.get("table", {}).get(task, {}).get(name, {})
+            if entry.get("seeds") != expected["config"]["seeds"] or sorted(entry.get("fresh", {})) != lengths:
+                raise ValueError(
+                    f"{path.name}: table[{task!r}][{name!r}] must hold seeds {expected['config']['seeds']} scored at "
+                    f"{lengths}: remake it with --only table"
+                )
+    lengths = sorted(str(n) for n in ex.ExperimentConfig(**expected["config"]).eval_lengths)
+    for family, names in expected["family_members"].items():
+        for name in names:
+            entry = data.get("families", {}).get(family, {}).get(name, {})
+            if entry.get("seeds") != expected["family_seeds"] or sorted(entry.get("fresh", {})) != lengths:
+                raise ValueError(
+                    f"{path.name}: families[{family!r}][{name!r}] must hold seeds {expected['family_seeds']} scored "
+                    f"at {lengths}: remake it with --only families"
+                )
+    parts = [entry for key in ("slopes", "table") for per_task in data[key].values() for entry in per_task.values()]
+    for key in ("budget", "budget_copy_back", "families"):
         parts += [entry for per_steps in data[key].values() for entry in per_steps.values()]
     for entry in parts:
         if not all(0 <= v <= 1 for per_length in entry["accuracy"].values() for v in per_length):
@@ -284,18 +387,6 @@ def runs_of(part: dict, task: str) -> list:
     return runs
 
 
-def same_platform(data: dict, threads: int = 1) -> bool:
-    """Whether a retraining here with ``threads`` threads reproduces ``data`` bit for bit: the same CPU model,
-    thread count and torch version as the file's, on torch's default CPU arithmetic (another CPU, torch or
-    arithmetic path may round differently, and training carries the difference on)."""
-    machine, versions = data.get("machine", {}), data.get("versions", {})
-    return default_arithmetic() and (machine.get("cpu"), machine.get("threads"), versions.get("torch")) == (
-        cpu_name(),
-        threads,
-        torch.__version__,
-    )
-
-
 __all__ = [
     "RESULTS_FILE",
     "SLOPE_FAMILY",
@@ -304,21 +395,28 @@ __all__ = [
     "BUDGET_SEEDS",
     "BUDGET_NAMES",
     "COPY_BACK_BUDGET_NAMES",
+    "TABLE_NAMES",
+    "TABLE_FACTORS",
+    "XPOS_SCALES",
+    "ROPE_BASES",
+    "FAMILIES",
+    "FAMILY_SEEDS",
     "chapter_tasks",
     "slope_label",
     "register_slope_family",
+    "register_families",
     "validation_config",
     "fresh_config",
-    "sequence_accuracy",
     "fresh_accuracy",
     "far_attention",
     "attention_by_offset",
     "slope_study",
     "budget_study",
     "copy_back_budget_study",
+    "table_study",
+    "families_study",
     "plan",
     "record",
     "load",
     "runs_of",
-    "same_platform",
 ]

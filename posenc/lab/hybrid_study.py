@@ -22,7 +22,8 @@ from dataclasses import asdict, replace
 from ..layer_patterns import LocalWindow
 from ..rope import RotaryEmbedding
 from . import experiments as ex
-from .results import DATA_DIR, cpu_name, default_arithmetic, read_json
+from .experiments import sequence_accuracies  # re-exported: chapters 10 and 13 call it from here
+from .results import DATA_DIR, cpu_name, read_json, same_platform  # same_platform re-exported for chapter 13
 from .tasks import CopyAfterMarker, CopyBack, FetchPosition
 
 N_LAYERS = 4
@@ -230,27 +231,6 @@ def fresh_view(runs: list) -> list:
     return view
 
 
-def sequence_accuracies(models: list, inputs, targets, mask, config: ex.ExperimentConfig, max_scores: int = 2**22):
-    """The most-likely-token accuracy of each of ``models`` (built :class:`~posenc.lab.experiments.TinyTransformer`
-    of ``config``, evaluated side by side as one :class:`~posenc.lab.experiments.Ensemble`) on one batch (each
-    ``(B, L)``), in chunks of sequences whose attention scores stay under ``max_scores`` elements: ``(pooled (M,),
-    per sequence (M, B))``, pooled over all targets, per sequence NaN where a row has no target."""
-    import torch
-
-    ensemble = ex.Ensemble.from_models(models, config)
-    n_models, length = len(models), inputs.shape[1]
-    step = max(1, max_scores // (n_models * config.n_heads * length * length))
-    correct = []
-    with torch.no_grad():
-        for start in range(0, len(inputs), step):
-            chunk = slice(start, start + step)
-            batch = [part[chunk].expand(n_models, -1, -1) for part in (inputs, targets, mask)]
-            correct.append((ensemble.logits(batch[0]).argmax(dim=-1) == batch[1]) & batch[2])  # (M, b, L)
-    correct = torch.cat(correct, dim=1)
-    per_sequence = correct.sum(2).double() / mask.sum(1).double()
-    return correct.flatten(1).sum(1) / mask.sum(), per_sequence
-
-
 def fresh_evaluation(models: list, task, config: ex.ExperimentConfig) -> list:
     """Each of ``models`` on :func:`fresh_data` at every length of :data:`FRESH_LENGTHS` and, for the marker task, on
     the fresh depth probes of :data:`DEPTHS` (key :func:`depth_key`): one dict per model, ``{key: {"accuracy": pooled,
@@ -260,7 +240,7 @@ def fresh_evaluation(models: list, task, config: ex.ExperimentConfig) -> list:
         batches.update({depth_key(n, d): deep_marker_data(task, n, d, config, fresh=True) for n, d in DEPTHS})
     results = [{} for _ in models]
     for key, batch in batches.items():
-        pooled, per_sequence = sequence_accuracies(models, *batch, config)
+        pooled, per_sequence = ex.sequence_accuracies(models, *batch, config)
         for index, result in enumerate(results):
             values = per_sequence[index][~per_sequence[index].isnan()]
             result[key] = {
@@ -344,19 +324,6 @@ def results_record(config: ex.ExperimentConfig, runs: list, **extra) -> dict:
 def machine(threads: int = 1) -> dict:
     """This machine as the study's record stores it: ``{"cpu": model name, "threads": threads}``."""
     return {"cpu": cpu_name(), "threads": threads}
-
-
-def same_platform(record: dict, threads: int = 1) -> bool:
-    """Whether a retraining here with ``threads`` threads should reproduce ``record``'s accuracies bit for bit: the
-    same CPU model, thread count and torch version as the record's ``machine`` and ``versions``, on torch's default
-    CPU arithmetic (training is seeded and deterministic on one CPU; another CPU, torch or arithmetic path may round
-    differently, and the models then drift apart)."""
-    if not isinstance(record, dict):
-        raise TypeError(f"record must be the study's dict (load_results()[0]), got {type(record).__name__}")
-    import torch
-
-    same = record.get("machine") == machine(threads) and record.get("versions", {}).get("torch") == torch.__version__
-    return same and default_arithmetic()
 
 
 def _is_fraction(value) -> bool:

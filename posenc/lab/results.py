@@ -53,6 +53,20 @@ def default_arithmetic() -> bool:
     return not any(os.environ.get(name) for name in ARITHMETIC_OVERRIDES)
 
 
+def same_platform(record: dict, threads: int = 1) -> bool:
+    """Whether a seeded retraining here with ``threads`` threads reproduces the results file ``record`` bit for bit:
+    the CPU model and thread count of its ``machine``, the torch of its ``versions`` (what :func:`provenance`
+    records) are this machine's, on torch's default CPU arithmetic (:func:`default_arithmetic`). Training on one CPU
+    is deterministic; another CPU, torch or arithmetic path may round differently, and training carries that on."""
+    if not isinstance(record, dict):
+        raise TypeError(f"record must be a results file's dict, got {type(record).__name__}")
+    import torch
+
+    machine, versions = record.get("machine") or {}, record.get("versions") or {}
+    here = (cpu_name(), threads, torch.__version__)
+    return default_arithmetic() and (machine.get("cpu"), machine.get("threads"), versions.get("torch")) == here
+
+
 def git_commit() -> str:
     """The commit of the checkout posenc runs from (``git rev-parse HEAD``), or "unknown" outside a git checkout."""
     try:
@@ -97,6 +111,7 @@ __all__ = [
     "cpu_name",
     "ARITHMETIC_OVERRIDES",
     "default_arithmetic",
+    "same_platform",
     "git_commit",
     "provenance",
 ]

@@ -47,6 +47,7 @@ from .training import (
     run_encoding,
     run_experiments,
     run_plan,
+    sequence_accuracies,
     train,
     with_rope,
 )
@@ -85,6 +86,7 @@ __all__ = [
     "batch_accuracy",
     "EVAL_CHUNK_SCORES",
     "evaluate_ensemble",
+    "sequence_accuracies",
     "run_plan",
     "run_encoding",
     "run_experiments",

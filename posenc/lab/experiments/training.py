@@ -215,6 +215,24 @@ def accuracies(models: list, task: CopyTask, config: ExperimentConfig, lengths=N
     return torch.stack([evaluate_ensemble(ensemble, task, length, config)[0] for length in lengths], dim=1)
 
 
+@torch.no_grad()
+def sequence_accuracies(models: list, inputs, targets, mask, config: ExperimentConfig, max_scores: int = 2**22):
+    """Each model's most-likely-token accuracy on each sequence of one batch ``inputs``, ``targets``, ``mask`` (each
+    ``(B, L)``): ``models`` (built :class:`TinyTransformer` of ``config``) run side by side as one :class:`Ensemble`,
+    in chunks of sequences whose attention scores stay under ``max_scores`` elements. Returns ``(pooled (M,), per
+    sequence (M, B))``: pooled over all targets, per sequence float64 and NaN where a row has no target."""
+    ensemble = Ensemble.from_models(models, config)
+    n_models, length = len(models), inputs.shape[1]
+    step = max(1, max_scores // (n_models * ensemble.n_heads * length * length))
+    correct = []
+    for start in range(0, len(inputs), step):
+        batch = [part[start : start + step].expand(n_models, -1, -1) for part in (inputs, targets, mask)]
+        correct.append((ensemble.logits(batch[0]).argmax(dim=-1) == batch[1]) & batch[2])  # (M, b, L)
+    correct = torch.cat(correct, dim=1)
+    per_sequence = correct.sum(2).double() / mask.sum(1).double()
+    return correct.flatten(1).sum(1) / mask.sum(), per_sequence
+
+
 def run_plan(plan, config: ExperimentConfig, device=None, progress=None) -> list:
     """Train every ``(task, encoding name)`` of ``plan`` with every seed, all side by side in one
     :class:`Ensemble`, and evaluate them at every length: one :class:`Run` per pair and seed, in plan order.
