@@ -8,7 +8,6 @@ import torch
 import posenc
 from posenc.lab import experiments as ex
 from posenc.lab import hybrid_study as hs
-from posenc.lab.results import ARITHMETIC_OVERRIDES
 from posenc.layer_patterns import LocalWindow
 
 
@@ -146,8 +145,8 @@ def test_sequence_accuracies_pool_the_targets_and_chunking_changes_nothing():
     task = hs.study_tasks()[2]
     models = [ex.build_model(name, config, seed=1) for name in ("rnope-swa", "rope")]
     inputs, targets, mask = hs.fresh_data(task, 64, config, sequences=12)
-    pooled, per_sequence = hs.sequence_accuracies(models, inputs, targets, mask, config)
-    chunked, per_chunked = hs.sequence_accuracies(models, inputs, targets, mask, config, max_scores=4 * 64 * 64 * 5)
+    pooled, per_sequence = ex.sequence_accuracies(models, inputs, targets, mask, config)
+    chunked, per_chunked = ex.sequence_accuracies(models, inputs, targets, mask, config, max_scores=4 * 64 * 64 * 5)
     assert torch.equal(pooled, chunked) and torch.equal(per_sequence, per_chunked)
     assert per_sequence.shape == (2, 12)
     for index, model in enumerate(models):
@@ -178,22 +177,6 @@ def test_deep_marker_data_moves_the_source_to_the_depth():
         hs.deep_marker_data(hs.study_tasks()[0], 64, 32, config)
     with pytest.raises(TypeError, match="depth"):
         hs.deep_marker_data(task, 64, 3.0, config)
-
-
-def test_same_platform_compares_cpu_threads_torch_and_the_arithmetic_path(monkeypatch):
-    for name in ARITHMETIC_OVERRIDES:
-        monkeypatch.delenv(name, raising=False)
-    record = {"machine": hs.machine(1), "versions": {"torch": torch.__version__}}
-    assert hs.same_platform(record)
-    monkeypatch.setenv("ATEN_CPU_CAPABILITY", "default")
-    assert not hs.same_platform(record)
-    monkeypatch.delenv("ATEN_CPU_CAPABILITY")
-    assert not hs.same_platform(record, threads=2)
-    assert not hs.same_platform(dict(record, machine=dict(record["machine"], cpu="another CPU")))
-    assert not hs.same_platform(dict(record, versions={"torch": "0.0"}))
-    assert not hs.same_platform({})
-    with pytest.raises(TypeError, match="record"):
-        hs.same_platform([])
 
 
 def test_load_results_fails_clearly(tmp_path):

@@ -22,8 +22,7 @@ from dataclasses import asdict, replace
 from ..layer_patterns import LocalWindow
 from ..rope import RotaryEmbedding
 from . import experiments as ex
-from .experiments import sequence_accuracies  # re-exported: chapters 10 and 13 call it from here
-from .results import DATA_DIR, cpu_name, read_json, same_platform  # same_platform re-exported for chapter 13
+from .results import DATA_DIR, cpu_name, read_json
 from .tasks import CopyAfterMarker, CopyBack, FetchPosition
 
 N_LAYERS = 4
@@ -409,7 +408,6 @@ __all__ = [
     "FRESH_SEQUENCES",
     "FRESH_SEED",
     "fresh_data",
-    "sequence_accuracies",
     "fresh_evaluation",
     "evaluation_batch",
     "fresh_view",
@@ -425,7 +423,6 @@ __all__ = [
     "train_study",
     "results_record",
     "machine",
-    "same_platform",
     "load_results",
     "BUDGET_STEPS",
     "BUDGET_SEEDS",
