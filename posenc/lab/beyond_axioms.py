@@ -31,8 +31,6 @@ Two checks sit beside the comparison, under ``"budget"``:
 from __future__ import annotations
 
 import dataclasses
-import os
-import platform
 import time
 
 import torch
@@ -55,10 +53,14 @@ def chapter_config(**changes):
 
 
 def encoding_names() -> list:
-    """Chapter 11's encodings, then CoPE, FoX and PaTH (not ALiBi's fixed slopes, which only the checks train)."""
+    """Chapter 11's encodings, then CoPE, FoX, PaTH (simplified) and the authors' PaTH layer (registered here, by
+    :func:`posenc.lab.state_tracking.register_path_conv`); not ALiBi's fixed slopes, which only the checks train."""
     from posenc.lab import experiments as ex
+    from posenc.lab import state_tracking
 
-    return [name for name in ex.ENCODINGS if name != ALIBI_SLOPES_NAME] + list(ex.BEYOND_ENCODINGS)
+    path_conv = state_tracking.register_path_conv()
+    names = [name for name in ex.ENCODINGS if name not in (ALIBI_SLOPES_NAME, path_conv)]
+    return names + list(ex.BEYOND_ENCODINGS) + [path_conv]
 
 
 def register_alibi_slopes() -> str:
@@ -81,8 +83,10 @@ def register_alibi_slopes() -> str:
 def budget_check(names, progress=print) -> dict:
     """The two checks of the module docstring: ``{"steps", "seeds", "names", "labels", "alibi_slopes",
     "alibi_slopes_name", "k2": run(...) of ALiBi's fixed slopes at the chapter's budget, "k1": the same on k = 1,
-    "longer": run(...) of ``names`` and ALiBi's fixed slopes at BUDGET_STEPS on BUDGET_SEEDS (k = 2)}``."""
-    from posenc.lab import experiments as ex
+    "longer": run(...) of ``names`` and ALiBi's fixed slopes at BUDGET_STEPS on BUDGET_SEEDS (k = 2)}`` and how it
+    was made (:func:`posenc.lab.results.provenance`)."""
+    from posenc.lab import state_tracking
+    from posenc.lab.results import provenance
 
     alibi = register_alibi_slopes()
     longer_names = list(names) + [alibi]
@@ -91,21 +95,13 @@ def budget_check(names, progress=print) -> dict:
         "steps": BUDGET_STEPS,
         "seeds": list(BUDGET_SEEDS),
         "names": longer_names,
-        "labels": {name: ex.encoding_label(name) for name in longer_names},
+        "labels": {name: state_tracking.label(name) for name in longer_names},
         "alibi_slopes": list(ALIBI_SLOPES),
         "alibi_slopes_name": alibi,
         "k2": run([alibi], chapter_config(), progress=progress),
         "k1": run([alibi], chapter_config(), k=1, progress=progress),
         "longer": longer,
-        "machine": machine(),
-    }
-
-
-def machine() -> dict:
-    return {
-        "platform": platform.platform(),
-        "cores": os.cpu_count(),
-        "versions": {"python": platform.python_version(), "torch": torch.__version__},
+        **provenance(1, "book.tools.beyond_axioms"),  # --budget-only remakes this part alone, maybe elsewhere
     }
 
 
@@ -164,7 +160,7 @@ def record(names, config, result: dict, control: dict, budget: dict) -> dict:
     """The results file: the task, ``config``, ``names`` and their labels, ``result`` (k = 2) at the top level, the
     k = 1 ``control`` under ``"k1"``, the ``budget`` checks, and how it was made
     (:func:`posenc.lab.results.provenance`)."""
-    from posenc.lab import experiments as ex
+    from posenc.lab import state_tracking
     from posenc.lab.results import provenance
 
     made = provenance(1, "book.tools.beyond_axioms")
@@ -174,7 +170,7 @@ def record(names, config, result: dict, control: dict, budget: dict) -> dict:
             key: list(value) if isinstance(value, tuple) else value for key, value in dataclasses.asdict(config).items()
         },
         "names": names,
-        "labels": {name: ex.encoding_label(name) for name in names},
+        "labels": {name: state_tracking.label(name) for name in names},
         **result,
         "k1": control,
         "budget": budget,

@@ -57,17 +57,33 @@ def config(**changes):
     return dataclasses.replace(ex.ExperimentConfig(), **settings)
 
 
-def _register(names):
+def register_path_conv() -> str:
+    """Register the authors' PaTH layer (:class:`posenc.data_dependent.PaTH` with ``short_conv=CONV_WIDTH``) as the
+    encoding :data:`PATH_CONV` (:func:`posenc.lab.experiments.add_encoding`); returns the name. Chapter 14's
+    counting study (:mod:`posenc.lab.beyond_axioms`) registers it here too."""
     from posenc.data_dependent import PaTH
-    from posenc.lab import beyond_axioms
     from posenc.lab import experiments as ex
+
+    return ex.add_encoding(
+        PATH_CONV, LABELS[PATH_CONV], lambda c: PaTH(c.d_model, c.n_heads, c.head_dim, short_conv=CONV_WIDTH)
+    )
+
+
+def label(name: str) -> str:
+    """The label of encoding ``name`` in chapter 14's results files: :data:`LABELS` (which tell the two PaTH layers
+    apart), else the registry's."""
+    from posenc.lab import experiments as ex
+
+    return LABELS[name] if name in LABELS else ex.encoding_label(name)
+
+
+def _register(names):
+    from posenc.lab import beyond_axioms
 
     if beyond_axioms.ALIBI_SLOPES_NAME in names:
         beyond_axioms.register_alibi_slopes()
     if PATH_CONV in names:
-        ex.add_encoding(
-            PATH_CONV, LABELS[PATH_CONV], lambda c: PaTH(c.d_model, c.n_heads, c.head_dim, short_conv=CONV_WIDTH)
-        )
+        register_path_conv()
 
 
 def signs(task, vocab_size: int) -> torch.Tensor:
@@ -187,7 +203,6 @@ def record(names=NAMES, groups=GROUPS, progress=print) -> dict:
     """The results file: the task, the configuration, ``run`` at :data:`STEPS` and the budget check (``run`` at
     ``BUDGET_FACTOR`` times the steps on :data:`BUDGET_SEEDS`) under ``"budget"``, and how it was made
     (:func:`posenc.lab.results.provenance`)."""
-    from posenc.lab import experiments as ex
     from posenc.lab import tasks as task_module
     from posenc.lab.results import provenance
 
@@ -204,7 +219,7 @@ def record(names=NAMES, groups=GROUPS, progress=print) -> dict:
         },
         "config": {key: list(v) if isinstance(v, tuple) else v for key, v in dataclasses.asdict(cfg).items()},
         "names": names,
-        "labels": {name: LABELS[name] if name in LABELS else ex.encoding_label(name) for name in names},
+        "labels": {name: label(name) for name in names},
         **main,
         "budget": {"steps": budget_cfg.steps, "seeds": list(BUDGET_SEEDS), **budget},
         **provenance(1, "book.tools.beyond_axioms"),
