@@ -65,14 +65,16 @@ def _beyond_axioms_record():
     return results.read_json("beyond_axioms.json", None, "counting-task result", "`make beyond-axioms` remakes it")[1]
 
 
-def test_beyond_axioms_data_matches_the_code():
-    """The committed file was made with the configuration, encodings and task the tool defines today."""
+def test_beyond_axioms_data_matches_the_code(monkeypatch):
+    """The committed file was made with the configuration, encodings and task the tool defines today, and records
+    how it was made."""
     import dataclasses
 
     from posenc.lab import beyond_axioms as tool
     from posenc.lab import experiments as ex
-    from posenc.lab import tasks
+    from posenc.lab import state_tracking, tasks
 
+    monkeypatch.setattr(ex.registry, "REGISTRY", dict(ex.REGISTRY))  # encoding_names() registers the authors' PaTH
     record = _beyond_axioms_record()
     config = tool.chapter_config()
     expected = {
@@ -86,7 +88,12 @@ def test_beyond_axioms_data_matches_the_code():
         "sparse_rate": tool.SPARSE_RATE,
     }
     assert record["names"] == tool.encoding_names()
-    assert record["labels"] == {name: ex.encoding_label(name) for name in record["names"]}
+    assert record["labels"] == {name: state_tracking.label(name) for name in record["names"]}
+    # both PaTH layers: the simplified one and the authors' (short convolution), registered where state tracking does
+    assert record["names"][-2:] == ["path", state_tracking.PATH_CONV]
+    assert ex.build_model(state_tracking.PATH_CONV, config, 0).encoding.short_conv == state_tracking.CONV_WIDTH
+    assert ex.build_model("path", config, 0).encoding.short_conv == 0
+    assert {"machine", "versions", "date", "command"} <= set(record) and "git_commit" in record["versions"]
     lengths = [str(n) for n in config.eval_lengths]
     # k = 2 at the top level, the k = 1 control (same encodings, seeds and rates) under "k1"
     for k, part_record in ((tool.K, record), (1, record["k1"])):
@@ -120,6 +127,7 @@ def test_beyond_axioms_budget_check_matches_the_code(monkeypatch):
     assert budget["steps"] == 3 * record["config"]["steps"] and set(budget["seeds"]) <= set(record["config"]["seeds"])
     assert budget["names"] == record["names"] + [name] and budget["alibi_slopes_name"] == name
     assert budget["alibi_slopes"] == list(tool.ALIBI_SLOPES) and budget["labels"][name] == ex.encoding_label(name)
+    assert {"machine", "versions", "date", "command"} <= set(budget)  # --budget-only remakes this part alone
     lengths = [str(n) for n in tool.chapter_config().eval_lengths]
     for part_record, names, seeds in (
         (budget["longer"], budget["names"], budget["seeds"]),
@@ -149,7 +157,7 @@ def test_beyond_axioms_tool_runs_a_tiny_plan():
             assert low - 1e-6 <= result["sparse"][name][str(n)][0] <= high + 1e-6
 
 
-def test_state_tracking_data_matches_the_code():
+def test_state_tracking_data_matches_the_code(monkeypatch):
     """posenc/lab/data/state_tracking.json (make beyond-axioms, --part state-tracking), which chapter 14 reads: the
     configuration, encodings, groups and seeds the module defines today, an accuracy in [0, 1] per seed and length."""
     import dataclasses
@@ -158,13 +166,15 @@ def test_state_tracking_data_matches_the_code():
     from posenc.lab import results
     from posenc.lab import state_tracking as study
 
+    monkeypatch.setattr(ex.registry, "REGISTRY", dict(ex.REGISTRY))  # register_path_conv() below ends with this test
     record = results.read_json("state_tracking.json", None, "state-tracking result", "make beyond-axioms")[1]
     config = study.config()
     assert record["config"] == {
         k: list(v) if isinstance(v, tuple) else v for k, v in dataclasses.asdict(config).items()
     }
     assert record["names"] == list(study.NAMES) and record["task"]["groups"] == list(study.GROUPS)
-    assert record["labels"] == {n: study.LABELS[n] if n in study.LABELS else ex.encoding_label(n) for n in study.NAMES}
+    assert record["labels"] == {n: study.label(n) for n in study.NAMES}
+    assert study.LABELS["path"] != study.LABELS[study.PATH_CONV] == ex.encoding_label(study.register_path_conv())
     assert record["task"]["chance"] == {"S3": 1 / 6, "Z6": 1 / 6}
     assert config.eval_batch(max(config.eval_lengths)) == study.EVAL_SEQUENCES >= 128  # fresh sequences, every length
     lengths = [str(n) for n in config.eval_lengths]
