@@ -2,8 +2,10 @@
 
 The task is :class:`posenc.lab.tasks.CopyAfterMarker` (copy the token after the ``k``-th marker). Every encoding of
 :data:`posenc.lab.experiments.ENCODINGS` (chapter 11's) and of :data:`~posenc.lab.experiments.BEYOND_ENCODINGS`
-(CoPE, FoX, PaTH) is trained with chapter 11's budget and seeds (:class:`~posenc.lab.experiments.ExperimentConfig`
-defaults, evaluated at 1, 2 and 4 times the training length), all side by side in one ensemble, then evaluated
+(CoPE, FoX, PaTH with ``w_t`` from token ``t`` alone, a simplification) and the authors' PaTH layer (short
+convolution, :data:`posenc.lab.state_tracking.PATH_CONV`) is trained with chapter 11's budget and seeds
+(:class:`~posenc.lab.experiments.ExperimentConfig` defaults, evaluated at 1, 2 and 4 times the training length),
+all side by side in one ensemble, then evaluated
 
 * on the training distribution (marker rate ``--rate``) at every evaluation length, and
 * on sparser markers (``--sparse-rate``): the ``k``-th marker then sits further from the start, often beyond the
