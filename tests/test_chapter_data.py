@@ -113,8 +113,9 @@ def test_beyond_axioms_data_matches_the_code(monkeypatch):
 
 
 def test_beyond_axioms_budget_check_matches_the_code(monkeypatch):
-    """The budget check (3x the steps on three seeds, every encoding and ALiBi's fixed slopes) and ALiBi's fixed
-    slopes at the chapter's budget: the configuration, names and shapes the tool defines today."""
+    """The budget check (3x the steps on three seeds, every encoding and ALiBi's fixed slopes on k = 2, the k = 1
+    failures on k = 1) and ALiBi's fixed slopes at the chapter's budget: the configuration, names and shapes the tool
+    defines today."""
     from posenc.lab import beyond_axioms as tool
     from posenc.lab import experiments as ex
 
@@ -129,8 +130,15 @@ def test_beyond_axioms_budget_check_matches_the_code(monkeypatch):
     assert budget["alibi_slopes"] == list(tool.ALIBI_SLOPES) and budget["labels"][name] == ex.encoding_label(name)
     assert {"machine", "versions", "date", "command"} <= set(budget)  # --budget-only remakes this part alone
     lengths = [str(n) for n in tool.chapter_config().eval_lengths]
+    # k = 1 at 600 steps: exactly the encodings below the bar at L on some seed at 200 steps, ALiBi's slopes included
+    assert budget["k1_bar"] == tool.K1_BUDGET_BAR
+    k1_200 = {**record["k1"]["accuracy"], **budget["k1"]["accuracy"]}
+    failing = tool.k1_failures(k1_200, record["config"]["train_length"])
+    train = lengths[0]
+    assert failing == [n for n in budget["names"] if min(k1_200[n][train]) < tool.K1_BUDGET_BAR] and name in failing
     for part_record, names, seeds in (
         (budget["longer"], budget["names"], budget["seeds"]),
+        (budget["longer_k1"], failing, budget["seeds"]),
         (budget["k2"], [name], record["config"]["seeds"]),
         (budget["k1"], [name], record["config"]["seeds"]),
     ):
@@ -175,6 +183,8 @@ def test_state_tracking_data_matches_the_code(monkeypatch):
     assert record["names"] == list(study.NAMES) and record["task"]["groups"] == list(study.GROUPS)
     assert record["labels"] == {n: study.label(n) for n in study.NAMES}
     assert study.LABELS["path"] != study.LABELS[study.PATH_CONV] == ex.encoding_label(study.register_path_conv())
+    assert study.LABELS[study.PATH_COMMUTING] == ex.encoding_label(study.register_path_commuting())
+    assert isinstance(ex.build_model(study.PATH_COMMUTING, config, 0).encoding, study.CommutingPaTH)
     assert record["task"]["chance"] == {"S3": 1 / 6, "Z6": 1 / 6}
     assert config.eval_batch(max(config.eval_lengths)) == study.EVAL_SEQUENCES >= 128  # fresh sequences, every length
     lengths = [str(n) for n in config.eval_lengths]
@@ -232,6 +242,29 @@ def test_state_tracking_tool_runs_a_tiny_plan():
             ]
             trained = {tuple(w) for batch in drawn for w in batch.tolist()}
             assert result[group]["seen_fraction"][i] == sum(w in trained for w in words) / len(words)
+
+
+def test_commuting_path_is_blind_to_the_order_between_key_and_query():
+    """The state-tracking study's control: PaTH with one learned w per head. Its factors commute, so reordering the
+    tokens strictly between a key and a query leaves their logit unchanged; the simplified PaTH's moves."""
+    from posenc import causal_mask
+    from posenc.data_dependent import PaTH
+    from posenc.lab import state_tracking as study
+
+    g = torch.Generator().manual_seed(0)
+    hidden, q, k = (
+        torch.randn(*shape, generator=g, dtype=torch.float64) for shape in ((1, 8, 6), (1, 2, 8, 4), (1, 2, 8, 4))
+    )
+    order = torch.tensor([0, 1, 5, 3, 2, 6, 4, 7])  # tokens 2..6 permuted, key 1 and query 7 kept
+    causal = causal_mask(8, 8)
+    torch.manual_seed(0)
+    for encoding, moves in ((study.CommutingPaTH(6, 2, 4).double(), False), (PaTH(6, 2, 4).double(), True)):
+        before = encoding.content_logits(q, k, hidden=hidden, allowed=causal).detach()[0, :, 7, 1]
+        after = encoding.content_logits(q[:, :, order], k[:, :, order], hidden=hidden[:, order], allowed=causal)
+        change = (after.detach()[0, :, 7, 1] - before).abs().max().item()
+        assert (change > 1e-3) if moves else (change < 1e-12)  # float64: the same factors in another order
+    w, _ = study.CommutingPaTH(6, 2, 4).householder_parameters(hidden.float())
+    assert torch.equal(w, w[:, :, :1].expand_as(w)) and torch.allclose(w.norm(dim=-1), torch.ones(()))
 
 
 @pytest.mark.parametrize("group", ["S3", "Z6"])

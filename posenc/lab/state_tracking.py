@@ -15,6 +15,9 @@ accuracy and sign accuracy at the positions beyond the training length; the frac
 the training length that some training batch of the seed held, and the accuracy on the others. PaTH is run twice:
 ``"path"`` (``w_t`` from token ``t`` alone, a simplification) and ``"path-conv"``, the authors' layer (``w`` through
 a causal convolution of width :data:`CONV_WIDTH` and SiLU, :class:`posenc.data_dependent.PaTH` ``short_conv``).
+The control for the algebra is :data:`PATH_COMMUTING` (:class:`CommutingPaTH`): PaTH with one learned ``w`` per head
+shared by every token (``beta_t`` still read from the token), so that its factors commute; everything else as
+``"path"``.
 The evaluation batch is one seeded batch shared by every encoding and seed. The **budget check** trains
 every encoding again with three times the steps on :data:`BUDGET_SEEDS`. ``make beyond-axioms``
 (``--part state-tracking``) writes the result to :data:`RESULTS_FILE`.
@@ -26,14 +29,22 @@ import dataclasses
 import time
 
 import torch
+from torch import nn
+
+from posenc.data_dependent import PaTH
 
 from .results import DATA_DIR
 
 RESULTS_FILE = DATA_DIR / "state_tracking.json"
 GROUPS = ("S3", "Z6")
-NAMES = ("nope-causal", "rope", "cope", "fox", "path", "path-conv")
+NAMES = ("nope-causal", "rope", "cope", "fox", "path", "path-conv", "path-commuting")
 PATH_CONV, CONV_WIDTH = "path-conv", 3
-LABELS = {"path": "PaTH, simplified (w_t from token t alone)", PATH_CONV: "PaTH (authors' layer: short conv)"}
+PATH_COMMUTING = "path-commuting"
+LABELS = {
+    "path": "PaTH, simplified (w_t from token t alone)",
+    PATH_CONV: "PaTH (authors' layer: short conv)",
+    PATH_COMMUTING: "PaTH, commuting (one learned w per head)",
+}
 TRAIN_LENGTH, STEPS, LENGTH_FACTORS, SEEDS = 8, 300, (1, 2, 4), (0, 1, 2)
 EVAL_SEQUENCES = 256
 BUDGET_FACTOR, BUDGET_SEEDS = 3, (0, 1)
@@ -61,11 +72,34 @@ def register_path_conv() -> str:
     """Register the authors' PaTH layer (:class:`posenc.data_dependent.PaTH` with ``short_conv=CONV_WIDTH``) as the
     encoding :data:`PATH_CONV` (:func:`posenc.lab.experiments.add_encoding`); returns the name. Chapter 14's
     counting study (:mod:`posenc.lab.beyond_axioms`) registers it here too."""
-    from posenc.data_dependent import PaTH
     from posenc.lab import experiments as ex
 
     return ex.add_encoding(
         PATH_CONV, LABELS[PATH_CONV], lambda c: PaTH(c.d_model, c.n_heads, c.head_dim, short_conv=CONV_WIDTH)
+    )
+
+
+class CommutingPaTH(PaTH):
+    """PaTH whose Householder factors commute: ``w_t = normalize(u_h)`` for every token, ``u`` ``(H, D)`` learned
+    (``shared_w``); ``beta_t`` from the token as in :class:`posenc.data_dependent.PaTH`. Every
+    ``H_t = I - beta_t w w^T`` of a head is then a function of its one matrix ``w w^T``."""
+
+    def __init__(self, d_model: int, n_heads: int, head_dim: int):
+        super().__init__(d_model, n_heads, head_dim)
+        self.shared_w = nn.Parameter(torch.randn(n_heads, head_dim))
+
+    def householder_parameters(self, hidden):
+        w, beta = super().householder_parameters(hidden)  # (B, H, L, D), (B, H, L)
+        shared = nn.functional.normalize(self.shared_w.to(w.dtype), dim=-1)[None, :, None, :]
+        return shared.expand_as(w), beta
+
+
+def register_path_commuting() -> str:
+    """Register :class:`CommutingPaTH` as the encoding :data:`PATH_COMMUTING`; returns the name."""
+    from posenc.lab import experiments as ex
+
+    return ex.add_encoding(
+        PATH_COMMUTING, LABELS[PATH_COMMUTING], lambda c: CommutingPaTH(c.d_model, c.n_heads, c.head_dim)
     )
 
 
@@ -84,6 +118,8 @@ def _register(names):
         beyond_axioms.register_alibi_slopes()
     if PATH_CONV in names:
         register_path_conv()
+    if PATH_COMMUTING in names:
+        register_path_commuting()
 
 
 def signs(task, vocab_size: int) -> torch.Tensor:
