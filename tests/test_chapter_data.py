@@ -206,6 +206,15 @@ def test_state_tracking_data_matches_the_code(monkeypatch):
             assert len(entry["seen_fraction"]) == len(seeds) and all(0 <= x <= 1 for x in entry["seen_fraction"])
             assert all(len(v) == len(seeds) for v in entry["final_loss"].values())
             assert all(len(v) == len(seeds) for v in entry["unseen_accuracy"].values())
+    # the A5 probe: the budget check's steps and seeds, 60 letters and the start token, its own encodings
+    a5, a5_config = record["a5"], study.a5_config()
+    assert (a5["steps"], a5["seeds"], a5["vocab_size"]) == (a5_config.steps, list(a5_config.seeds), 61)
+    assert a5_config.steps == budget["steps"] and a5["names"] == list(study.A5_NAMES) and a5["chance"] == 1 / 60
+    for key in ("accuracy", "sequence_se"):
+        assert list(a5["A5"][key]) == list(study.A5_NAMES)
+        for per_length in a5["A5"][key].values():
+            assert list(per_length) == lengths
+            assert all(len(v) == len(a5["seeds"]) and all(0 <= x <= 1 for x in v) for v in per_length.values())
 
 
 def test_state_tracking_tool_runs_a_tiny_plan():

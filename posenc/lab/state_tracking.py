@@ -19,7 +19,9 @@ The control for the algebra is :data:`PATH_COMMUTING` (:class:`CommutingPaTH`): 
 shared by every token (``beta_t`` still read from the token), so that its factors commute; everything else as
 ``"path"``.
 The evaluation batch is one seeded batch shared by every encoding and seed. The **budget check** trains
-every encoding again with three times the steps on :data:`BUDGET_SEEDS`. ``make beyond-axioms``
+every encoding again with three times the steps on :data:`BUDGET_SEEDS`. The **A5 probe** trains :data:`A5_NAMES`
+on the word problem of A5 (60 states, non-solvable: the group of PaTH's NC1 claim) with the budget check's steps
+and seeds (:func:`a5_config`). ``make beyond-axioms``
 (``--part state-tracking``) writes the result to :data:`RESULTS_FILE`.
 """
 
@@ -48,6 +50,7 @@ LABELS = {
 TRAIN_LENGTH, STEPS, LENGTH_FACTORS, SEEDS = 8, 300, (1, 2, 4), (0, 1, 2)
 EVAL_SEQUENCES = 256
 BUDGET_FACTOR, BUDGET_SEEDS = 3, (0, 1)
+A5_NAMES = ("nope-causal", "rope", "path", "path-conv", "path-commuting")
 
 
 def config(**changes):
@@ -66,6 +69,12 @@ def config(**changes):
     )
     settings.update(changes)
     return dataclasses.replace(ex.ExperimentConfig(), **settings)
+
+
+def a5_config():
+    """:func:`config` for the A5 probe: vocabulary 61 (60 letters and the start token), the budget check's steps and
+    seeds."""
+    return config(vocab_size=61, steps=BUDGET_FACTOR * STEPS, seeds=BUDGET_SEEDS)
 
 
 def register_path_conv() -> str:
@@ -237,7 +246,8 @@ def run(names=NAMES, groups=GROUPS, cfg=None, progress=print) -> dict:
 
 def record(names=NAMES, groups=GROUPS, progress=print) -> dict:
     """The results file: the task, the configuration, ``run`` at :data:`STEPS` and the budget check (``run`` at
-    ``BUDGET_FACTOR`` times the steps on :data:`BUDGET_SEEDS`) under ``"budget"``, and how it was made
+    ``BUDGET_FACTOR`` times the steps on :data:`BUDGET_SEEDS`) under ``"budget"``, the A5 probe (``run`` of
+    :data:`A5_NAMES` with :func:`a5_config`) under ``"a5"``, and how it was made
     (:func:`posenc.lab.results.provenance`)."""
     from posenc.lab import tasks as task_module
     from posenc.lab.results import provenance
@@ -247,6 +257,8 @@ def record(names=NAMES, groups=GROUPS, progress=print) -> dict:
     main = run(names, groups, cfg, progress)
     budget_cfg = config(steps=BUDGET_FACTOR * cfg.steps, seeds=BUDGET_SEEDS)
     budget = run(names, groups, budget_cfg, progress)
+    a5_cfg = a5_config()
+    a5 = run(A5_NAMES, ["A5"], a5_cfg, progress)
     return {
         "task": {
             "name": "WordProblem",
@@ -258,5 +270,13 @@ def record(names=NAMES, groups=GROUPS, progress=print) -> dict:
         "labels": {name: label(name) for name in names},
         **main,
         "budget": {"steps": budget_cfg.steps, "seeds": list(BUDGET_SEEDS), **budget},
+        "a5": {
+            "steps": a5_cfg.steps,
+            "seeds": list(a5_cfg.seeds),
+            "vocab_size": a5_cfg.vocab_size,
+            "chance": 1 / task_module.WordProblem("A5").size,
+            "names": list(A5_NAMES),
+            **a5,
+        },
         **provenance(1, "book.tools.beyond_axioms"),
     }
