@@ -1,7 +1,7 @@
 """``make beyond-axioms``: chapter 14's studies, each written to its committed file.
 
 ``--part counting`` (the default): the counting task (:mod:`posenc.lab.beyond_axioms`); ``--budget-only`` remakes
-only ``"budget"`` in an existing file. ``--part state-tracking``: the word problems of S3 and Z6
+only ``"budget"`` in an existing file. ``--part state-tracking``: the word problems of S3 and Z6 (and the A5 probe)
 (:mod:`posenc.lab.state_tracking`). Usage::
 
     nice -n 10 python -m book.tools.beyond_axioms --output posenc/lab/data/beyond_axioms.json
