@@ -9,7 +9,9 @@ not used: they count tokens in sequence order, the queries being the last ``Lq``
   masked key); the position of key ``j`` seen from query ``i`` is ``p_ij = sum_{t = j..i} g_it``, a fraction; the
   logit adds ``q_i . e(p_ij)``, with ``e`` linearly interpolated between learned integer embeddings ``e[0..P-1]``
   (``p`` clamped to ``P - 1``). As in the authors' code (facebookresearch/RAM, ``projects/cope``): gates from the
-  scaled, masked logits; ``e`` shared by the heads, zero at initialisation; ``q . e`` not scaled.
+  scaled, masked logits; ``e`` shared by the heads, zero at initialisation. ``q . e`` is not scaled, as in the
+  paper's listing and in that code with ``--cope-nodiv``; the code's default divides the sum ``q . k + q . e`` by
+  ``sqrt(D)``, position term included (with Adam, a position logit that moves ``sqrt(D)`` times more slowly).
 * :class:`FoX`, forgetting attention (Lin et al., ICLR 2025, arXiv 2503.02130). Forget gates
   ``f_t = sigmoid(w_h . x_t + b_h)`` per head from the token's hidden state; the logit adds
   ``sum_{l = j+1..i} log f_l``, computed as ``c_i - c_j`` with ``c = cumsum(log f)`` (as the authors' kernel,

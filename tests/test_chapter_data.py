@@ -65,14 +65,16 @@ def _beyond_axioms_record():
     return results.read_json("beyond_axioms.json", None, "counting-task result", "`make beyond-axioms` remakes it")[1]
 
 
-def test_beyond_axioms_data_matches_the_code():
-    """The committed file was made with the configuration, encodings and task the tool defines today."""
+def test_beyond_axioms_data_matches_the_code(monkeypatch):
+    """The committed file was made with the configuration, encodings and task the tool defines today, and records
+    how it was made."""
     import dataclasses
 
     from posenc.lab import beyond_axioms as tool
     from posenc.lab import experiments as ex
-    from posenc.lab import tasks
+    from posenc.lab import state_tracking, tasks
 
+    monkeypatch.setattr(ex.registry, "REGISTRY", dict(ex.REGISTRY))  # encoding_names() registers the authors' PaTH
     record = _beyond_axioms_record()
     config = tool.chapter_config()
     expected = {
@@ -86,7 +88,12 @@ def test_beyond_axioms_data_matches_the_code():
         "sparse_rate": tool.SPARSE_RATE,
     }
     assert record["names"] == tool.encoding_names()
-    assert record["labels"] == {name: ex.encoding_label(name) for name in record["names"]}
+    assert record["labels"] == {name: state_tracking.label(name) for name in record["names"]}
+    # both PaTH layers: the simplified one and the authors' (short convolution), registered where state tracking does
+    assert record["names"][-2:] == ["path", state_tracking.PATH_CONV]
+    assert ex.build_model(state_tracking.PATH_CONV, config, 0).encoding.short_conv == state_tracking.CONV_WIDTH
+    assert ex.build_model("path", config, 0).encoding.short_conv == 0
+    assert {"machine", "versions", "date", "command"} <= set(record) and "git_commit" in record["versions"]
     lengths = [str(n) for n in config.eval_lengths]
     # k = 2 at the top level, the k = 1 control (same encodings, seeds and rates) under "k1"
     for k, part_record in ((tool.K, record), (1, record["k1"])):
@@ -106,8 +113,9 @@ def test_beyond_axioms_data_matches_the_code():
 
 
 def test_beyond_axioms_budget_check_matches_the_code(monkeypatch):
-    """The budget check (3x the steps on three seeds, every encoding and ALiBi's fixed slopes) and ALiBi's fixed
-    slopes at the chapter's budget: the configuration, names and shapes the tool defines today."""
+    """The budget check (3x the steps on three seeds, every encoding and ALiBi's fixed slopes on k = 2, the k = 1
+    failures on k = 1) and ALiBi's fixed slopes at the chapter's budget: the configuration, names and shapes the tool
+    defines today."""
     from posenc.lab import beyond_axioms as tool
     from posenc.lab import experiments as ex
 
@@ -120,9 +128,17 @@ def test_beyond_axioms_budget_check_matches_the_code(monkeypatch):
     assert budget["steps"] == 3 * record["config"]["steps"] and set(budget["seeds"]) <= set(record["config"]["seeds"])
     assert budget["names"] == record["names"] + [name] and budget["alibi_slopes_name"] == name
     assert budget["alibi_slopes"] == list(tool.ALIBI_SLOPES) and budget["labels"][name] == ex.encoding_label(name)
+    assert {"machine", "versions", "date", "command"} <= set(budget)  # --budget-only remakes this part alone
     lengths = [str(n) for n in tool.chapter_config().eval_lengths]
+    # k = 1 at 600 steps: exactly the encodings below the bar at L on some seed at 200 steps, ALiBi's slopes included
+    assert budget["k1_bar"] == tool.K1_BUDGET_BAR
+    k1_200 = {**record["k1"]["accuracy"], **budget["k1"]["accuracy"]}
+    failing = tool.k1_failures(k1_200, record["config"]["train_length"])
+    train = lengths[0]
+    assert failing == [n for n in budget["names"] if min(k1_200[n][train]) < tool.K1_BUDGET_BAR] and name in failing
     for part_record, names, seeds in (
         (budget["longer"], budget["names"], budget["seeds"]),
+        (budget["longer_k1"], failing, budget["seeds"]),
         (budget["k2"], [name], record["config"]["seeds"]),
         (budget["k1"], [name], record["config"]["seeds"]),
     ):
@@ -149,7 +165,7 @@ def test_beyond_axioms_tool_runs_a_tiny_plan():
             assert low - 1e-6 <= result["sparse"][name][str(n)][0] <= high + 1e-6
 
 
-def test_state_tracking_data_matches_the_code():
+def test_state_tracking_data_matches_the_code(monkeypatch):
     """posenc/lab/data/state_tracking.json (make beyond-axioms, --part state-tracking), which chapter 14 reads: the
     configuration, encodings, groups and seeds the module defines today, an accuracy in [0, 1] per seed and length."""
     import dataclasses
@@ -158,13 +174,17 @@ def test_state_tracking_data_matches_the_code():
     from posenc.lab import results
     from posenc.lab import state_tracking as study
 
+    monkeypatch.setattr(ex.registry, "REGISTRY", dict(ex.REGISTRY))  # register_path_conv() below ends with this test
     record = results.read_json("state_tracking.json", None, "state-tracking result", "make beyond-axioms")[1]
     config = study.config()
     assert record["config"] == {
         k: list(v) if isinstance(v, tuple) else v for k, v in dataclasses.asdict(config).items()
     }
     assert record["names"] == list(study.NAMES) and record["task"]["groups"] == list(study.GROUPS)
-    assert record["labels"] == {n: study.LABELS[n] if n in study.LABELS else ex.encoding_label(n) for n in study.NAMES}
+    assert record["labels"] == {n: study.label(n) for n in study.NAMES}
+    assert study.LABELS["path"] != study.LABELS[study.PATH_CONV] == ex.encoding_label(study.register_path_conv())
+    assert study.LABELS[study.PATH_COMMUTING] == ex.encoding_label(study.register_path_commuting())
+    assert isinstance(ex.build_model(study.PATH_COMMUTING, config, 0).encoding, study.CommutingPaTH)
     assert record["task"]["chance"] == {"S3": 1 / 6, "Z6": 1 / 6}
     assert config.eval_batch(max(config.eval_lengths)) == study.EVAL_SEQUENCES >= 128  # fresh sequences, every length
     lengths = [str(n) for n in config.eval_lengths]
@@ -186,6 +206,15 @@ def test_state_tracking_data_matches_the_code():
             assert len(entry["seen_fraction"]) == len(seeds) and all(0 <= x <= 1 for x in entry["seen_fraction"])
             assert all(len(v) == len(seeds) for v in entry["final_loss"].values())
             assert all(len(v) == len(seeds) for v in entry["unseen_accuracy"].values())
+    # the A5 probe: the budget check's steps and seeds, 60 letters and the start token, its own encodings
+    a5, a5_config = record["a5"], study.a5_config()
+    assert (a5["steps"], a5["seeds"], a5["vocab_size"]) == (a5_config.steps, list(a5_config.seeds), 61)
+    assert a5_config.steps == budget["steps"] and a5["names"] == list(study.A5_NAMES) and a5["chance"] == 1 / 60
+    for key in ("accuracy", "sequence_se"):
+        assert list(a5["A5"][key]) == list(study.A5_NAMES)
+        for per_length in a5["A5"][key].values():
+            assert list(per_length) == lengths
+            assert all(len(v) == len(a5["seeds"]) and all(0 <= x <= 1 for x in v) for v in per_length.values())
 
 
 def test_state_tracking_tool_runs_a_tiny_plan():
@@ -222,6 +251,29 @@ def test_state_tracking_tool_runs_a_tiny_plan():
             ]
             trained = {tuple(w) for batch in drawn for w in batch.tolist()}
             assert result[group]["seen_fraction"][i] == sum(w in trained for w in words) / len(words)
+
+
+def test_commuting_path_is_blind_to_the_order_between_key_and_query():
+    """The state-tracking study's control: PaTH with one learned w per head. Its factors commute, so reordering the
+    tokens strictly between a key and a query leaves their logit unchanged; the simplified PaTH's moves."""
+    from posenc import causal_mask
+    from posenc.data_dependent import PaTH
+    from posenc.lab import state_tracking as study
+
+    g = torch.Generator().manual_seed(0)
+    hidden, q, k = (
+        torch.randn(*shape, generator=g, dtype=torch.float64) for shape in ((1, 8, 6), (1, 2, 8, 4), (1, 2, 8, 4))
+    )
+    order = torch.tensor([0, 1, 5, 3, 2, 6, 4, 7])  # tokens 2..6 permuted, key 1 and query 7 kept
+    causal = causal_mask(8, 8)
+    torch.manual_seed(0)
+    for encoding, moves in ((study.CommutingPaTH(6, 2, 4).double(), False), (PaTH(6, 2, 4).double(), True)):
+        before = encoding.content_logits(q, k, hidden=hidden, allowed=causal).detach()[0, :, 7, 1]
+        after = encoding.content_logits(q[:, :, order], k[:, :, order], hidden=hidden[:, order], allowed=causal)
+        change = (after.detach()[0, :, 7, 1] - before).abs().max().item()
+        assert (change > 1e-3) if moves else (change < 1e-12)  # float64: the same factors in another order
+    w, _ = study.CommutingPaTH(6, 2, 4).householder_parameters(hidden.float())
+    assert torch.equal(w, w[:, :, :1].expand_as(w)) and torch.allclose(w.norm(dim=-1), torch.ones(()))
 
 
 @pytest.mark.parametrize("group", ["S3", "Z6"])

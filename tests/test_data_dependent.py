@@ -132,7 +132,7 @@ def test_cope_matches_its_definition():
 
 def test_cope_matches_the_authors_formula():
     """The reference code's steps (RAM/projects/cope): gates from the scaled, masked logits, reverse cumsum, clamp,
-    gather at ceil and floor, weight p - floor."""
+    gather at ceil and floor, weight p - floor; the position term unscaled (its ``--cope-nodiv``, the paper's)."""
     q, k, _, _ = _data(5)
     enc = _cope(6)
     logits = (q @ k.transpose(-1, -2)) / math.sqrt(D) + torch.zeros(L, L, dtype=q.dtype).masked_fill(~CAUSAL, -math.inf)

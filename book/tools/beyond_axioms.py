@@ -1,7 +1,7 @@
 """``make beyond-axioms``: chapter 14's studies, each written to its committed file.
 
 ``--part counting`` (the default): the counting task (:mod:`posenc.lab.beyond_axioms`); ``--budget-only`` remakes
-only ``"budget"`` in an existing file. ``--part state-tracking``: the word problems of S3 and Z6
+only ``"budget"`` in an existing file. ``--part state-tracking``: the word problems of S3 and Z6 (and the A5 probe)
 (:mod:`posenc.lab.state_tracking`). Usage::
 
     nice -n 10 python -m book.tools.beyond_axioms --output posenc/lab/data/beyond_axioms.json
@@ -62,7 +62,7 @@ def main(argv=None) -> int:
     if args.budget_only:
         record = json.loads(Path(args.output).read_text())
         start = time.perf_counter()
-        record["budget"] = study.budget_check(record["names"], progress=progress)
+        record["budget"] = study.budget_check(record["names"], record["k1"], progress=progress)
         Path(args.output).write_text(json.dumps(record, indent=1) + "\n")
         print(f"wrote the budget check into {args.output} ({time.perf_counter() - start:.0f} s)")
         return 0
@@ -73,7 +73,7 @@ def main(argv=None) -> int:
         f"budget check: {study.BUDGET_STEPS} steps, seeds {study.BUDGET_SEEDS}; ALiBi at slopes {study.ALIBI_SLOPES}",
         flush=True,
     )
-    budget = study.budget_check(names, progress=progress)
+    budget = study.budget_check(names, control, progress=progress)
     record = study.record(names, config, result, control, budget)
     Path(args.output).write_text(json.dumps(record, indent=1) + "\n")
     print(f"wrote {args.output} ({result['seconds']:.0f} s for k = 2, {control['seconds']:.0f} s for k = 1)")

@@ -15,8 +15,13 @@ accuracy and sign accuracy at the positions beyond the training length; the frac
 the training length that some training batch of the seed held, and the accuracy on the others. PaTH is run twice:
 ``"path"`` (``w_t`` from token ``t`` alone, a simplification) and ``"path-conv"``, the authors' layer (``w`` through
 a causal convolution of width :data:`CONV_WIDTH` and SiLU, :class:`posenc.data_dependent.PaTH` ``short_conv``).
+The control for the algebra is :data:`PATH_COMMUTING` (:class:`CommutingPaTH`): PaTH with one learned ``w`` per head
+shared by every token (``beta_t`` still read from the token), so that its factors commute; everything else as
+``"path"``.
 The evaluation batch is one seeded batch shared by every encoding and seed. The **budget check** trains
-every encoding again with three times the steps on :data:`BUDGET_SEEDS`. ``make beyond-axioms``
+every encoding again with three times the steps on :data:`BUDGET_SEEDS`. The **A5 probe** trains :data:`A5_NAMES`
+on the word problem of A5 (60 states, non-solvable: the group of PaTH's NC1 claim) with the budget check's steps
+and seeds (:func:`a5_config`). ``make beyond-axioms``
 (``--part state-tracking``) writes the result to :data:`RESULTS_FILE`.
 """
 
@@ -26,17 +31,26 @@ import dataclasses
 import time
 
 import torch
+from torch import nn
+
+from posenc.data_dependent import PaTH
 
 from .results import DATA_DIR
 
 RESULTS_FILE = DATA_DIR / "state_tracking.json"
 GROUPS = ("S3", "Z6")
-NAMES = ("nope-causal", "rope", "cope", "fox", "path", "path-conv")
+NAMES = ("nope-causal", "rope", "cope", "fox", "path", "path-conv", "path-commuting")
 PATH_CONV, CONV_WIDTH = "path-conv", 3
-LABELS = {"path": "PaTH, simplified (w_t from token t alone)", PATH_CONV: "PaTH (authors' layer: short conv)"}
+PATH_COMMUTING = "path-commuting"
+LABELS = {
+    "path": "PaTH, simplified (w_t from token t alone)",
+    PATH_CONV: "PaTH (authors' layer: short conv)",
+    PATH_COMMUTING: "PaTH, commuting (one learned w per head)",
+}
 TRAIN_LENGTH, STEPS, LENGTH_FACTORS, SEEDS = 8, 300, (1, 2, 4), (0, 1, 2)
 EVAL_SEQUENCES = 256
 BUDGET_FACTOR, BUDGET_SEEDS = 3, (0, 1)
+A5_NAMES = ("nope-causal", "rope", "path", "path-conv", "path-commuting")
 
 
 def config(**changes):
@@ -57,17 +71,64 @@ def config(**changes):
     return dataclasses.replace(ex.ExperimentConfig(), **settings)
 
 
-def _register(names):
-    from posenc.data_dependent import PaTH
-    from posenc.lab import beyond_axioms
+def a5_config():
+    """:func:`config` for the A5 probe: vocabulary 61 (60 letters and the start token), the budget check's steps and
+    seeds."""
+    return config(vocab_size=61, steps=BUDGET_FACTOR * STEPS, seeds=BUDGET_SEEDS)
+
+
+def register_path_conv() -> str:
+    """Register the authors' PaTH layer (:class:`posenc.data_dependent.PaTH` with ``short_conv=CONV_WIDTH``) as the
+    encoding :data:`PATH_CONV` (:func:`posenc.lab.experiments.add_encoding`); returns the name. Chapter 14's
+    counting study (:mod:`posenc.lab.beyond_axioms`) registers it here too."""
     from posenc.lab import experiments as ex
+
+    return ex.add_encoding(
+        PATH_CONV, LABELS[PATH_CONV], lambda c: PaTH(c.d_model, c.n_heads, c.head_dim, short_conv=CONV_WIDTH)
+    )
+
+
+class CommutingPaTH(PaTH):
+    """PaTH whose Householder factors commute: ``w_t = normalize(u_h)`` for every token, ``u`` ``(H, D)`` learned
+    (``shared_w``); ``beta_t`` from the token as in :class:`posenc.data_dependent.PaTH`. Every
+    ``H_t = I - beta_t w w^T`` of a head is then a function of its one matrix ``w w^T``."""
+
+    def __init__(self, d_model: int, n_heads: int, head_dim: int):
+        super().__init__(d_model, n_heads, head_dim)
+        self.shared_w = nn.Parameter(torch.randn(n_heads, head_dim))
+
+    def householder_parameters(self, hidden):
+        w, beta = super().householder_parameters(hidden)  # (B, H, L, D), (B, H, L)
+        shared = nn.functional.normalize(self.shared_w.to(w.dtype), dim=-1)[None, :, None, :]
+        return shared.expand_as(w), beta
+
+
+def register_path_commuting() -> str:
+    """Register :class:`CommutingPaTH` as the encoding :data:`PATH_COMMUTING`; returns the name."""
+    from posenc.lab import experiments as ex
+
+    return ex.add_encoding(
+        PATH_COMMUTING, LABELS[PATH_COMMUTING], lambda c: CommutingPaTH(c.d_model, c.n_heads, c.head_dim)
+    )
+
+
+def label(name: str) -> str:
+    """The label of encoding ``name`` in chapter 14's results files: :data:`LABELS` (which tell the two PaTH layers
+    apart), else the registry's."""
+    from posenc.lab import experiments as ex
+
+    return LABELS[name] if name in LABELS else ex.encoding_label(name)
+
+
+def _register(names):
+    from posenc.lab import beyond_axioms
 
     if beyond_axioms.ALIBI_SLOPES_NAME in names:
         beyond_axioms.register_alibi_slopes()
     if PATH_CONV in names:
-        ex.add_encoding(
-            PATH_CONV, LABELS[PATH_CONV], lambda c: PaTH(c.d_model, c.n_heads, c.head_dim, short_conv=CONV_WIDTH)
-        )
+        register_path_conv()
+    if PATH_COMMUTING in names:
+        register_path_commuting()
 
 
 def signs(task, vocab_size: int) -> torch.Tensor:
@@ -185,9 +246,9 @@ def run(names=NAMES, groups=GROUPS, cfg=None, progress=print) -> dict:
 
 def record(names=NAMES, groups=GROUPS, progress=print) -> dict:
     """The results file: the task, the configuration, ``run`` at :data:`STEPS` and the budget check (``run`` at
-    ``BUDGET_FACTOR`` times the steps on :data:`BUDGET_SEEDS`) under ``"budget"``, and how it was made
+    ``BUDGET_FACTOR`` times the steps on :data:`BUDGET_SEEDS`) under ``"budget"``, the A5 probe (``run`` of
+    :data:`A5_NAMES` with :func:`a5_config`) under ``"a5"``, and how it was made
     (:func:`posenc.lab.results.provenance`)."""
-    from posenc.lab import experiments as ex
     from posenc.lab import tasks as task_module
     from posenc.lab.results import provenance
 
@@ -196,6 +257,8 @@ def record(names=NAMES, groups=GROUPS, progress=print) -> dict:
     main = run(names, groups, cfg, progress)
     budget_cfg = config(steps=BUDGET_FACTOR * cfg.steps, seeds=BUDGET_SEEDS)
     budget = run(names, groups, budget_cfg, progress)
+    a5_cfg = a5_config()
+    a5 = run(A5_NAMES, ["A5"], a5_cfg, progress)
     return {
         "task": {
             "name": "WordProblem",
@@ -204,8 +267,16 @@ def record(names=NAMES, groups=GROUPS, progress=print) -> dict:
         },
         "config": {key: list(v) if isinstance(v, tuple) else v for key, v in dataclasses.asdict(cfg).items()},
         "names": names,
-        "labels": {name: LABELS[name] if name in LABELS else ex.encoding_label(name) for name in names},
+        "labels": {name: label(name) for name in names},
         **main,
         "budget": {"steps": budget_cfg.steps, "seeds": list(BUDGET_SEEDS), **budget},
+        "a5": {
+            "steps": a5_cfg.steps,
+            "seeds": list(a5_cfg.seeds),
+            "vocab_size": a5_cfg.vocab_size,
+            "chance": 1 / task_module.WordProblem("A5").size,
+            "names": list(A5_NAMES),
+            **a5,
+        },
         **provenance(1, "book.tools.beyond_axioms"),
     }
