@@ -130,7 +130,7 @@ long-context: $(STAMP) $(MODEL_CACHE)
 
 # chapter 13: five four-layer models x three tasks x five seeds in chapter 11's harness, plus the marker task at depth -> posenc/lab/data/todays_models.json
 # (a few minutes on one core); then the 3x-budget check (600 steps, three seeds) -> posenc/lab/data/todays_models_budget.json (10 to 15 minutes);
-# then the marker task's controls (RoPE bases 1e5 and 1e6, a window of 16 = L) -> posenc/lab/data/todays_models_controls.json (about 3 minutes on one core)
+# then the marker task's controls (RoPE bases 1e5 and 1e6, a window of 16 = L) and fetch and the marker task at 1e6 with 600 steps -> posenc/lab/data/todays_models_controls.json (about 10 minutes on one core)
 todays-models: $(STAMP)
 	nice -n 10 $(PY) -m book.tools.todays_models --threads 1 --output posenc/lab/data/todays_models.json
 	nice -n 10 $(PY) -m book.tools.todays_models --threads 1 --part budget --output posenc/lab/data/todays_models_budget.json

@@ -224,9 +224,17 @@ def test_the_make_target_writes_what_load_results_reads(tmp_path, monkeypatch, p
     }[part]
     _, runs = load()
     monkeypatch.setattr(hs, train, lambda threads=1: (config(), runs))
+    if part == "controls":  # and its 3x-budget part, written into the same file
+        _, budget_runs = hs.load_controls(budget=True)
+        monkeypatch.setattr(hs, "train_controls_budget", lambda threads=1: (hs.budget_config(), budget_runs))
     output = tmp_path / f"{part}.json"
     assert tools.main(["--part", part, "--output", str(output)]) == 0
     record, again = load(output)
+    if part == "controls":
+        _, budget_again = hs.load_controls(output, budget=True)
+        assert [(r.task, r.encoding, r.seed, r.accuracy, r.fresh) for r in budget_again] == [
+            (r.task, r.encoding, r.seed, r.accuracy, r.fresh) for r in budget_runs
+        ]
     assert [(r.task, r.encoding, r.seed, r.accuracy) for r in again] == [
         (r.task, r.encoding, r.seed, r.accuracy) for r in runs
     ]
@@ -284,6 +292,21 @@ def test_committed_controls_match_the_code():
         hs.load_controls(hs.CONTROLS_FILE.with_name("absent.json"))
     with pytest.raises(ValueError, match="config"):  # the budget file: 600 steps
         hs.load_controls(hs.BUDGET_FILE)
+    # the 3x-budget part: the plan's models at 600 steps, fetch and the marker task, in the file's "budget" field
+    budget_record, budget_runs = hs.load_controls(budget=True)
+    assert budget_record["config"]["steps"] == hs.BUDGET_STEPS and budget_record["plan"] == [
+        [task, list(names)] for task, names in hs.CONTROLS_BUDGET_PLAN
+    ]
+    assert len(budget_runs) == sum(len(names) for _, names in hs.CONTROLS_BUDGET_PLAN) * len(hs.BUDGET_SEEDS)
+    assert {name for _, names in hs.CONTROLS_BUDGET_PLAN for name in names} <= {
+        name for _, names in hs.CONTROLS_PLAN for name in names
+    }
+    marker = hs.study_tasks()[2].name
+    assert all((run.task == marker) == hasattr(run, "depth") for run in budget_runs)
+    with pytest.raises(ValueError, match="'budget' is missing"):
+        hs.load_controls(hs.BUDGET_FILE, budget=True)
+    with pytest.raises(TypeError, match="budget"):
+        hs.load_controls(budget="yes")
 
 
 def test_load_budget_fails_clearly(tmp_path):

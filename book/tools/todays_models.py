@@ -3,7 +3,8 @@
 seeds, written to ``posenc/lab/data/todays_models.json`` with the config and every seed's numbers; with ``--part
 budget``, the 3x-budget check (:func:`posenc.lab.hybrid_study.train_budget`) to ``todays_models_budget.json``; with
 ``--part controls``, the marker task's controls (other RoPE bases, a window as long as the training sequences;
-:func:`posenc.lab.hybrid_study.train_controls`) to ``todays_models_controls.json``.
+:func:`posenc.lab.hybrid_study.train_controls`) and, in its ``"budget"`` field, fetch and the marker task at θ = 10⁶
+with 3x the steps (:func:`posenc.lab.hybrid_study.train_controls_budget`) to ``todays_models_controls.json``.
 
 Usage (what ``make todays-models`` runs)::
 
@@ -39,6 +40,11 @@ def main(argv=None) -> int:
     }[args.part]
     start = time.perf_counter()
     config, runs = train(threads=args.threads)
+    budget = {}
+    if args.part == "controls":  # and its 3x-budget part, in the same file
+        budget_config, budget_runs = hybrid_study.train_controls_budget(threads=args.threads)
+        budget_plan = [[task, list(names)] for task, names in hybrid_study.CONTROLS_BUDGET_PLAN]
+        budget["budget"] = hybrid_study.results_record(budget_config, budget_runs, plan=budget_plan)
     seconds = time.perf_counter() - start
     made = provenance(args.threads, "book.tools.todays_models")  # versions and command as every results file
     record = hybrid_study.results_record(
@@ -49,6 +55,7 @@ def main(argv=None) -> int:
         versions=made["versions"],
         command=made["command"],
         **({"plan": [[task, list(names)] for task, names in plan]} if plan else {}),
+        **budget,
     )
     output = Path(args.output or f"posenc/lab/data/{default.name}")
     output.parent.mkdir(parents=True, exist_ok=True)

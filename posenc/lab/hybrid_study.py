@@ -11,7 +11,9 @@ with the package, and :func:`load_results` reads it back, checked. The 3x-budget
 target's ``--part budget``) retrains the models the chapter's trained claims are about (fetch, the marker task,
 NoPE on copy-back) with 600 steps on three seeds into :data:`BUDGET_FILE` (:func:`load_budget`); the controls
 (:func:`train_controls`, ``--part controls``) train the marker task's RoPE models at other bases and RNoPE-SWA with a
-window as long as the training sequences into :data:`CONTROLS_FILE` (:func:`load_controls`).
+window as long as the training sequences into :data:`CONTROLS_FILE` (:func:`load_controls`), and in the same file
+(:func:`train_controls_budget`) fetch's four models with RoPE layers and the marker task's RoPE and hybrid at θ = 10⁶
+with the 3x budget.
 """
 
 from __future__ import annotations
@@ -143,6 +145,13 @@ CONTROLS_PLAN = (
         ("rope-1e5", "rope-1e6", "hybrid-1e6", "rope-window-1e6", "rnope-swa-1e6", f"rnope-swa-w{WIDE_WINDOW}"),
     ),
 )
+#: The controls' 3x-budget part, trained as the 3x-budget check (:func:`budget_config`) and stored in the controls
+#: file's ``"budget"`` field (:func:`load_controls` with ``budget=True``): fetch's two-by-two design and the marker
+#: task's RoPE and hybrid, all at :data:`CONTROL_BASE`, so that the 600-step verdicts judge RoPE at its best base too.
+CONTROLS_BUDGET_PLAN = (
+    ("fetch position 1", ("rope-1e6", "hybrid-1e6", "rnope-swa-1e6", "rope-window-1e6")),
+    ("copy after marker 1", ("rope-1e6", "hybrid-1e6")),
+)
 CONTROLS_FILE = DATA_DIR / "todays_models_controls.json"
 
 
@@ -185,10 +194,22 @@ def train_controls(threads: int = 1, device=None) -> tuple:
     return config, _train_and_evaluate(_plan(CONTROLS_PLAN), config, threads, device)
 
 
-def load_controls(path=None) -> tuple:
-    """Read the committed controls (default :data:`CONTROLS_FILE`): ``(record, runs)`` as :func:`load_budget`'s."""
-    plan = [(task.name, name) for task, name in _plan(CONTROLS_PLAN)]
-    return _load(CONTROLS_FILE, path, controls_config(), plan, "controls", "--part controls, a few minutes")
+def train_controls_budget(threads: int = 1, device=None) -> tuple:
+    """Train the models of :data:`CONTROLS_BUDGET_PLAN` with :func:`budget_config`, evaluated as
+    :func:`train_study`'s: ``(config, runs)``."""
+    config = budget_config()
+    return config, _train_and_evaluate(_plan(CONTROLS_BUDGET_PLAN), config, threads, device)
+
+
+def load_controls(path=None, budget: bool = False) -> tuple:
+    """Read the committed controls (default :data:`CONTROLS_FILE`): ``(record, runs)`` as :func:`load_budget`'s; with
+    ``budget``, the file's ``"budget"`` field (:data:`CONTROLS_BUDGET_PLAN` at :func:`budget_config`)."""
+    if not isinstance(budget, bool):
+        raise TypeError(f"budget must be a bool, got {type(budget).__name__}")
+    spec, config = (CONTROLS_BUDGET_PLAN, budget_config()) if budget else (CONTROLS_PLAN, controls_config())
+    plan = [(task.name, name) for task, name in _plan(spec)]
+    how = "--part controls, about ten minutes"
+    return _load(CONTROLS_FILE, path, config, plan, "controls", how, "budget" if budget else None)
 
 
 def fresh_data(task, length: int, config: ex.ExperimentConfig, sequences: int = FRESH_SEQUENCES):
@@ -372,10 +393,15 @@ def load_results(path=None) -> tuple:
     return _load(RESULTS_FILE, path, study_config(), plan, "study result", "a few minutes")
 
 
-def _load(default, path, config: ex.ExperimentConfig, plan: list, what: str, how: str) -> tuple:
-    """:func:`load_results` and :func:`load_budget`: read and check ``path`` (default ``default``), made with
-    ``config``, holding every ``(task name, encoding name)`` of ``plan`` with every seed of ``config``."""
+def _load(default, path, config: ex.ExperimentConfig, plan: list, what: str, how: str, field=None) -> tuple:
+    """:func:`load_results` and :func:`load_budget`: read and check ``path`` (default ``default``; its ``field`` when
+    not None), made with ``config``, holding every ``(task name, encoding name)`` of ``plan`` with every seed of
+    ``config``."""
     path, record = read_json(default.name, path, what, f"`make todays-models` remakes it ({how})")
+    if field is not None:
+        if not isinstance(record.get(field), dict):
+            raise ValueError(f"{path.name}: field {field!r} is missing: remake the file with `make todays-models`")
+        record = record[field]
     expected = results_record(config, [])
     for key in ("config", "window", "depths", "fresh", "names", "tasks"):
         if record.get(key) != expected[key]:
@@ -434,8 +460,10 @@ __all__ = [
     "CONTROL_BASE",
     "WIDE_WINDOW",
     "CONTROLS_PLAN",
+    "CONTROLS_BUDGET_PLAN",
     "CONTROLS_FILE",
     "controls_config",
     "train_controls",
+    "train_controls_budget",
     "load_controls",
 ]
