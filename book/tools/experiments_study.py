@@ -5,8 +5,9 @@ Usage (``--steps`` and ``--seeds`` shrink the plan for a quick try; the committe
     nice -n 10 python -m book.tools.experiments_study --output posenc/lab/data/experiments_study.json
 
 ``--only copy-back-budget`` (or ``--only table``, ``--only families``) retrains only the copy-back budget part (or
-the chapter's table models, the ``"table"`` part, or xPos's and RoPE's families, ``"families"``) and writes it into
-the existing file (the other parts' models do not depend on it, so the file is what a full run would write).
+the chapter's table models, the ``"table"`` part, or the families of xPos, RoPE and the Jordan block,
+``"families"``) and writes it into the existing file (the other parts' models do not depend on it, so the file is
+what a full run would write).
 ``--only families --family jordan,jordan-rotation`` retrains those families alone and keeps the file's others.
 """
 
