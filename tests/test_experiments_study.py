@@ -42,8 +42,14 @@ def test_slope_family_is_registered_with_its_slopes(registry):
 
 def test_families_are_registered_with_their_scale_and_base(registry):
     names = study.register_families()
-    assert names == [*study.XPOS_SCALES, *study.ROPE_BASES] and study.register_families() == names
-    assert study.FAMILIES == {"xpos": ("xpos", *study.XPOS_SCALES), "rope": ("rope", *study.ROPE_BASES)}
+    jordans = [*study.JORDAN_BASES, *study.JORDAN_ROTATION_BASES]
+    assert names == [*study.XPOS_SCALES, *study.ROPE_BASES, *jordans] and study.register_families() == names
+    assert study.FAMILIES == {
+        "xpos": ("xpos", *study.XPOS_SCALES),
+        "rope": ("rope", *study.ROPE_BASES),
+        "jordan": ("jordan", *study.JORDAN_BASES),
+        "jordan-rotation": ("jordan-rotation", *study.JORDAN_ROTATION_BASES),
+    }
     config = ex.ExperimentConfig()
     for name, base in study.ROPE_BASES.items():
         inv_freq = ex.build_model(name, config, 0).encoding.inv_freq.double()
@@ -56,6 +62,26 @@ def test_families_are_registered_with_their_scale_and_base(registry):
         torch.testing.assert_close(generator, xpos_generator(config.head_dim, scale_base=scale))
         assert not torch.equal(generator, ex.build_model("xpos", config, 0).encoding.generator)  # not B = 512
     assert ex.encoding_label("xpos-8") == "xPos, B = 8" and ex.encoding_label("rope-1e6") == "RoPE, base 1e6"
+    from posenc.generators import jordan_generator
+
+    for name, base in study.JORDAN_BASES.items():  # the coupled block and its control, at each base's frequencies
+        generator = ex.build_model(name, config, 0).encoding.generator
+        torch.testing.assert_close(generator, jordan_generator(config.head_dim, base=base))
+        control = ex.build_model(f"jordan-rotation-{name.split('-')[1]}", config, 0).encoding.generator
+        torch.testing.assert_close(control, ex.jordan_rotation_generator(config.head_dim, base=base))
+        assert torch.equal(torch.diagonal(generator), torch.diagonal(control))  # no damping on either
+        assert not torch.equal(generator, control)  # the coupling
+    assert ex.encoding_label("jordan-1e6") == "Jordan block, base 1e6"
+
+
+def test_families_study_names_an_unknown_family(registry):
+    with pytest.raises(ValueError, match="families"):
+        study.families_study(tiny(), families=["jordan", "nope"])
+
+
+def test_a_tiny_families_part_can_remake_one_family(registry):
+    part = study.families_study(tiny(), families=["jordan"])
+    assert list(part) == ["jordan"] and list(part["jordan"]) == list(study.FAMILIES["jordan"])
 
 
 def test_a_tiny_families_part_scores_every_length_and_validation(registry):

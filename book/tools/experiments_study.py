@@ -5,8 +5,10 @@ Usage (``--steps`` and ``--seeds`` shrink the plan for a quick try; the committe
     nice -n 10 python -m book.tools.experiments_study --output posenc/lab/data/experiments_study.json
 
 ``--only copy-back-budget`` (or ``--only table``, ``--only families``) retrains only the copy-back budget part (or
-the chapter's table models, the ``"table"`` part, or xPos's and RoPE's families, ``"families"``) and writes it into
-the existing file (the other parts' models do not depend on it, so the file is what a full run would write).
+the chapter's table models, the ``"table"`` part, or the families of xPos, RoPE and the Jordan block,
+``"families"``) and writes it into the existing file (the other parts' models do not depend on it, so the file is
+what a full run would write).
+``--only families --family jordan,jordan-rotation`` retrains those families alone and keeps the file's others.
 """
 
 from __future__ import annotations
@@ -36,7 +38,10 @@ def main(argv=None) -> int:
     parser.add_argument(
         "--only", choices=["copy-back-budget", "table", "families"], default=None, help="remake one part of --output"
     )
+    parser.add_argument("--family", default=None, help="with --only families: comma-separated families to remake")
     args = parser.parse_args(argv)
+    if args.family is not None and args.only != "families":
+        parser.error("--family needs --only families")
     config = ex.ExperimentConfig()
     if args.steps is not None:
         config = dataclasses.replace(config, steps=args.steps)
@@ -61,7 +66,9 @@ def main(argv=None) -> int:
         elif args.only == "table":
             parts["table"] = study.table_study(config, progress)
         else:
-            parts["families"] = study.families_study(config, progress)
+            chosen = None if args.family is None else args.family.split(",")
+            parts["families"] = {**(parts["families"] or {}), **study.families_study(config, progress, chosen)}
+            parts["families"] = {name: parts["families"][name] for name in study.FAMILIES}
         new = study.record(data["slopes"], data["budget"], config, **parts)
         Path(args.output).write_text(compact_json(new))
         print(f"wrote the {args.only} part into {args.output} ({time.perf_counter() - start:.0f} s)")

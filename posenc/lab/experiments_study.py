@@ -19,8 +19,10 @@ Two parts, both in chapter 11's harness (:mod:`posenc.lab.experiments`, its defa
   (:data:`TABLE_NAMES`), trained again as the chapter trains them and scored per sequence on the fresh sequences at
   16L and 32L (:data:`TABLE_FACTORS`), so that the chapter reads these scores instead of computing them
   (``--only table`` remakes it alone). The chapter checks its own models' table accuracies against the file's.
-* ``"families"``: xPos's damping scale and RoPE's base judged as ALiBi's slopes are (:data:`FAMILIES`: the chapter's
-  ``"xpos"``, ``B = 512``, and ``"rope"``, ``b = 10^4``, with the other members), on copy-back, :data:`FAMILY_SEEDS`,
+* ``"families"``: xPos's damping scale, RoPE's base and the undamped Jordan block's base (with its coupling-free
+  control at the same bases) judged as ALiBi's slopes are (:data:`FAMILIES`: the chapter's ``"xpos"``, ``B = 512``,
+  ``"rope"``, ``"jordan"`` and ``"jordan-rotation"``, base ``10^4``, with the other members), on copy-back,
+  :data:`FAMILY_SEEDS`,
   the chapter's steps; each model scored on the 2L validation batch and on the fresh sequences at every length
   (``--only families`` remakes it alone).
 
@@ -60,7 +62,16 @@ TABLE_FACTORS = (16, 32)
 #: xPos's damping scale ``B`` (the chapter's ``"xpos"`` has ``B = 512``) and RoPE's base (``"rope"`` has ``10^4``)
 XPOS_SCALES = {"xpos-8": 8.0, "xpos-32": 32.0, "xpos-128": 128.0}
 ROPE_BASES = {"rope-1e5": 1e5, "rope-1e6": 1e6, "rope-1e7": 1e7, "rope-1e8": 1e8}
-FAMILIES = {"xpos": ("xpos", *XPOS_SCALES), "rope": ("rope", *ROPE_BASES)}
+#: the undamped Jordan block's base (``"jordan"`` has ``10^4``: frequencies 1 and 10^-2 at d_h = 8) and, at the same
+#: bases, its control without the coupling (``"jordan-rotation"``)
+JORDAN_BASES = {"jordan-1e5": 1e5, "jordan-1e6": 1e6, "jordan-1e8": 1e8}
+JORDAN_ROTATION_BASES = {"jordan-rotation-1e5": 1e5, "jordan-rotation-1e6": 1e6, "jordan-rotation-1e8": 1e8}
+FAMILIES = {
+    "xpos": ("xpos", *XPOS_SCALES),
+    "rope": ("rope", *ROPE_BASES),
+    "jordan": ("jordan", *JORDAN_BASES),
+    "jordan-rotation": ("jordan-rotation", *JORDAN_ROTATION_BASES),
+}
 FAMILY_SEEDS = (0, 1, 2)
 
 
@@ -85,10 +96,14 @@ def register_slope_family() -> list:
     ]
 
 
+def _base_label(label: str, base: float) -> str:
+    return f"{label}, base {base:.0e}".replace("e+0", "e")
+
+
 def register_families() -> list:
-    """Add the members of :data:`XPOS_SCALES` and :data:`ROPE_BASES` to the harness (safe to call again); returns
-    their names."""
-    from ..generators import xpos_generator
+    """Add the members of :data:`XPOS_SCALES`, :data:`ROPE_BASES`, :data:`JORDAN_BASES` and
+    :data:`JORDAN_ROTATION_BASES` to the harness (safe to call again); returns their names."""
+    from ..generators import jordan_generator, xpos_generator
     from ..group_encodings import GroupEncoding
     from ..rope import RotaryEmbedding
 
@@ -98,13 +113,29 @@ def register_families() -> list:
         )
         for name, scale in XPOS_SCALES.items()
     ]
-    return names + [
+    names += [
         ex.add_encoding(
             name,
-            f"RoPE, base {base:.0e}".replace("e+0", "e"),
+            _base_label("RoPE", base),
             lambda c, b=base: RotaryEmbedding(c.head_dim, rope_parameters={"rope_type": "default", "rope_theta": b}),
         )
         for name, base in ROPE_BASES.items()
+    ]
+    names += [
+        ex.add_encoding(
+            name,
+            _base_label("Jordan block", base),
+            lambda c, b=base: GroupEncoding(jordan_generator(c.head_dim, base=b)),
+        )
+        for name, base in JORDAN_BASES.items()
+    ]
+    return names + [
+        ex.add_encoding(
+            name,
+            _base_label("rotation at Jordan's frequencies", base),
+            lambda c, b=base: GroupEncoding(ex.jordan_rotation_generator(c.head_dim, base=b)),
+        )
+        for name, base in JORDAN_ROTATION_BASES.items()
     ]
 
 
@@ -229,15 +260,20 @@ def _add_validation(result: dict, runs: list, names, tasks, config: ex.Experimen
                 progress(task.name, name, result[task.name][name])
 
 
-def families_study(config: ex.ExperimentConfig | None = None, progress=None) -> dict:
-    """xPos's and RoPE's families (:data:`FAMILIES`) on copy-back, :data:`FAMILY_SEEDS`, ``config.steps``:
-    ``{family: {name: per seed record}}`` with the table's accuracies, the 2L validation batch and the fresh
-    sequences at every length, per sequence (:func:`fresh_accuracy` reads both)."""
+def families_study(config: ex.ExperimentConfig | None = None, progress=None, families=None) -> dict:
+    """The families of :data:`FAMILIES` (or those named in ``families``) on copy-back, :data:`FAMILY_SEEDS`,
+    ``config.steps``: ``{family: {name: per seed record}}`` with the table's accuracies, the 2L validation batch and
+    the fresh sequences at every length, per sequence (:func:`fresh_accuracy` reads both)."""
     config = dataclasses.replace(ex.ExperimentConfig() if config is None else config, seeds=FAMILY_SEEDS)
     register_families()
+    unknown = set(families or ()) - set(FAMILIES)
+    if unknown:
+        raise ValueError(f"families: {sorted(unknown)} are not in FAMILIES {list(FAMILIES)}")
     copy_back = chapter_tasks()[0]
     result = {}
     for family, names in FAMILIES.items():
+        if families is not None and family not in families:
+            continue
         with ex.threads(1):
             runs = ex.run_plan([(copy_back, name) for name in names], config)
         part = _per_seed(runs, names, [copy_back], config, config.eval_lengths)
@@ -399,6 +435,8 @@ __all__ = [
     "TABLE_FACTORS",
     "XPOS_SCALES",
     "ROPE_BASES",
+    "JORDAN_BASES",
+    "JORDAN_ROTATION_BASES",
     "FAMILIES",
     "FAMILY_SEEDS",
     "chapter_tasks",
