@@ -185,6 +185,8 @@ def test_state_tracking_data_matches_the_code(monkeypatch):
     assert study.LABELS["path"] != study.LABELS[study.PATH_CONV] == ex.encoding_label(study.register_path_conv())
     assert study.LABELS[study.PATH_COMMUTING] == ex.encoding_label(study.register_path_commuting())
     assert isinstance(ex.build_model(study.PATH_COMMUTING, config, 0).encoding, study.CommutingPaTH)
+    assert study.LABELS[study.PATH_DIAGONAL] == ex.encoding_label(study.register_path_diagonal())
+    assert isinstance(ex.build_model(study.PATH_DIAGONAL, config, 0).encoding, study.DiagonalPaTH)
     assert record["task"]["chance"] == {"S3": 1 / 6, "Z6": 1 / 6}
     assert config.eval_batch(max(config.eval_lengths)) == study.EVAL_SEQUENCES >= 128  # fresh sequences, every length
     lengths = [str(n) for n in config.eval_lengths]
@@ -274,6 +276,35 @@ def test_commuting_path_is_blind_to_the_order_between_key_and_query():
         assert (change > 1e-3) if moves else (change < 1e-12)  # float64: the same factors in another order
     w, _ = study.CommutingPaTH(6, 2, 4).householder_parameters(hidden.float())
     assert torch.equal(w, w[:, :, :1].expand_as(w)) and torch.allclose(w.norm(dim=-1), torch.ones(()))
+
+
+def test_diagonal_path_is_a_product_of_diagonal_factors_blind_to_the_order():
+    """The full-rank commuting control: its logit is sum_a q_a k_a prod_{j < t <= i} (1 - beta_{t,a}) / sqrt(D)
+    (against the product written out, float64: products of 7 factors, round-off ~1e-16), and reordering the tokens
+    strictly between a key and a query leaves it unchanged."""
+    from posenc import causal_mask
+    from posenc.lab import state_tracking as study
+
+    g = torch.Generator().manual_seed(1)
+    hidden, q, k = (
+        torch.randn(*shape, generator=g, dtype=torch.float64) for shape in ((1, 8, 6), (1, 2, 8, 4), (1, 2, 8, 4))
+    )
+    torch.manual_seed(1)
+    encoding = study.DiagonalPaTH(6, 2, 4).double()
+    causal = causal_mask(8, 8)
+    logits = encoding.content_logits(q, k, hidden=hidden, allowed=causal).detach()
+    gates = hidden @ encoding.gate_weight.detach().T + encoding.gate_bias.detach()
+    factors = 1 - 2 * torch.sigmoid(gates.view(1, 8, 2, 4).transpose(1, 2))  # (1, H, L, D)
+    assert (factors < 0).any() and (factors > 0).any()  # both signs occur, so the parity is exercised
+    for i in range(8):
+        for j in range(i + 1):
+            product = factors[:, :, j + 1 : i + 1].prod(2)
+            assert torch.allclose(logits[:, :, i, j], (q[:, :, i] * k[:, :, j] * product).sum(-1) / 2, atol=1e-12)
+    order = torch.tensor([0, 1, 5, 3, 2, 6, 4, 7])  # tokens 2..6 permuted, key 1 and query 7 kept
+    after = encoding.content_logits(q[:, :, order], k[:, :, order], hidden=hidden[:, order], allowed=causal)
+    assert (after.detach()[0, :, 7, 1] - logits[0, :, 7, 1]).abs().max() < 1e-12
+    with pytest.raises(ValueError, match="causal"):
+        encoding.content_logits(q, k, hidden=hidden)
 
 
 @pytest.mark.parametrize("group", ["S3", "Z6"])

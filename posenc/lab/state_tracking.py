@@ -17,7 +17,9 @@ the training length that some training batch of the seed held, and the accuracy 
 a causal convolution of width :data:`CONV_WIDTH` and SiLU, :class:`posenc.data_dependent.PaTH` ``short_conv``).
 The control for the algebra is :data:`PATH_COMMUTING` (:class:`CommutingPaTH`): PaTH with one learned ``w`` per head
 shared by every token (``beta_t`` still read from the token), so that its factors commute; everything else as
-``"path"``.
+``"path"``. That control is weak: every factor acts on one line, so the transport is one scalar channel per head.
+:data:`PATH_DIAGONAL` (:class:`DiagonalPaTH`) is the full-rank commuting control: diagonal factors
+``H_t = diag(1 - beta_{t,a})`` with one gate per coordinate, still set by the token.
 The evaluation batch is one seeded batch shared by every encoding and seed. The **budget check** trains
 every encoding again with three times the steps on :data:`BUDGET_SEEDS`. The **A5 probe** trains :data:`A5_NAMES`
 on the word problem of A5 (60 states, non-solvable: the group of PaTH's NC1 claim) with the budget check's steps
@@ -28,6 +30,7 @@ and seeds (:func:`a5_config`). ``make beyond-axioms``
 from __future__ import annotations
 
 import dataclasses
+import math
 import time
 
 import torch
@@ -39,13 +42,15 @@ from .results import DATA_DIR
 
 RESULTS_FILE = DATA_DIR / "state_tracking.json"
 GROUPS = ("S3", "Z6")
-NAMES = ("nope-causal", "rope", "cope", "fox", "path", "path-conv", "path-commuting")
+NAMES = ("nope-causal", "rope", "cope", "fox", "path", "path-conv", "path-commuting", "path-diagonal")
 PATH_CONV, CONV_WIDTH = "path-conv", 3
 PATH_COMMUTING = "path-commuting"
+PATH_DIAGONAL = "path-diagonal"
 LABELS = {
     "path": "PaTH, simplified (w_t from token t alone)",
     PATH_CONV: "PaTH (authors' layer: short conv)",
     PATH_COMMUTING: "PaTH, commuting (one learned w per head)",
+    PATH_DIAGONAL: "PaTH, commuting (diagonal, full rank)",
 }
 TRAIN_LENGTH, STEPS, LENGTH_FACTORS, SEEDS = 8, 300, (1, 2, 4), (0, 1, 2)
 EVAL_SEQUENCES = 256
@@ -103,12 +108,54 @@ class CommutingPaTH(PaTH):
         return shared.expand_as(w), beta
 
 
+class DiagonalPaTH(PaTH):
+    """A full-rank commuting transport: ``H_t = diag(1 - beta_{t,a})``, ``beta_{t,a} = 2 sigmoid(W x_t + b)_a`` per
+    head and coordinate (``gate_weight`` ``(H * D, d_model)``, ``gate_bias`` ``(H * D,)``), so the logit is
+    ``sum_a q_{i,a} k_{j,a} prod_{j < t <= i} (1 - beta_{t,a}) / sqrt(D)``. Diagonal factors commute, so the logit is
+    blind to the order of the tokens between key and query, but unlike :class:`CommutingPaTH` every coordinate has
+    its own content-set gate. PaTH's own ``w`` and ``beta`` parameters are created (the initial draws match the other
+    PaTH rows') and unused."""
+
+    def __init__(self, d_model: int, n_heads: int, head_dim: int):
+        super().__init__(d_model, n_heads, head_dim)
+        self.gate_weight = nn.Parameter(nn.Linear(d_model, n_heads * head_dim).weight.detach().clone())
+        self.gate_bias = nn.Parameter(torch.zeros(n_heads * head_dim))
+
+    def content_logits(self, q, k, hidden=None, allowed=None):
+        """``(B, H, Lq, Lk)`` as :class:`posenc.data_dependent.PaTH` (causal only), the product of the diagonal
+        factors as ``exp`` of a difference of cumulative ``log|1 - beta|`` times the parity of the negative ones."""
+        if allowed is None:
+            raise ValueError("DiagonalPaTH multiplies over the tokens between key and query: use causal=True")
+        dtype = torch.promote_types(hidden.dtype, torch.float32)
+        b, length, _ = hidden.shape
+        gates = hidden.to(dtype) @ self.gate_weight.to(dtype).T + self.gate_bias.to(dtype)
+        factor = 1 - 2 * torch.sigmoid(gates.view(b, length, self.n_heads, self.head_dim).transpose(1, 2))
+        log_size = factor.abs().clamp_min(1e-6).log().cumsum(2)  # (B, H, L, D)
+        negatives = (factor < 0).to(dtype).cumsum(2)
+        lq = q.shape[-2]
+        size = (log_size[:, :, -lq:, None] - log_size[:, :, None]).clamp(max=0).exp()  # (B, H, Lq, Lk, D)
+        parity = 1 - 2 * torch.remainder(negatives[:, :, -lq:, None] - negatives[:, :, None], 2)
+        below = torch.ones(lq, length, dtype=torch.bool, device=q.device).tril(length - lq)
+        transport = size * parity * below[..., None]
+        logits = torch.einsum("bhid,bhjd,bhijd->bhij", q.to(dtype), k.to(dtype), transport)
+        return (logits / math.sqrt(q.shape[-1])).to(k.dtype)
+
+
 def register_path_commuting() -> str:
     """Register :class:`CommutingPaTH` as the encoding :data:`PATH_COMMUTING`; returns the name."""
     from posenc.lab import experiments as ex
 
     return ex.add_encoding(
         PATH_COMMUTING, LABELS[PATH_COMMUTING], lambda c: CommutingPaTH(c.d_model, c.n_heads, c.head_dim)
+    )
+
+
+def register_path_diagonal() -> str:
+    """Register :class:`DiagonalPaTH` as the encoding :data:`PATH_DIAGONAL`; returns the name."""
+    from posenc.lab import experiments as ex
+
+    return ex.add_encoding(
+        PATH_DIAGONAL, LABELS[PATH_DIAGONAL], lambda c: DiagonalPaTH(c.d_model, c.n_heads, c.head_dim)
     )
 
 
@@ -129,6 +176,8 @@ def _register(names):
         register_path_conv()
     if PATH_COMMUTING in names:
         register_path_commuting()
+    if PATH_DIAGONAL in names:
+        register_path_diagonal()
 
 
 def signs(task, vocab_size: int) -> torch.Tensor:
