@@ -329,7 +329,7 @@ def last_tokens_rule(task: CopyAfterMarker, inputs, targets, mask, window: int, 
     earliest = candidates.int().argmax(-1)  # the first True along the keys
     answer = torch.gather(inputs, 1, (earliest + 1).clamp(max=length - 1))
     right = found & (answer == targets) & mask
-    return (right.sum() / mask.sum()).item()
+    return right.sum().item() / mask.sum().item()
 
 
 def depth_key(length: int, depth: int) -> str:
