@@ -179,6 +179,33 @@ def test_deep_marker_data_moves_the_source_to_the_depth():
         hs.deep_marker_data(task, 64, 3.0, config)
 
 
+def test_last_tokens_rule_answers_from_the_window_only():
+    config = hs.study_config()
+    task = hs.study_tasks()[2]
+    marker = task.marker(config.vocab_size)
+    # one sequence, marker at 2, source 5 at 3; a later marker at 9 (its next token 7 is not the target)
+    inputs = torch.tensor([[1, 4, marker, 5, 6, 1, 2, 3, 4, marker, 7, 1]])
+    sources = task.sources_of(inputs, config.vocab_size)
+    mask = sources >= 0
+    targets = torch.where(mask, torch.gather(inputs, 1, sources.clamp(min=0)), torch.zeros_like(inputs))
+    assert mask.sum() == 9  # positions 3 (the source itself) to 11
+    # a window reaching the first marker from every position answers right everywhere
+    assert hs.last_tokens_rule(task, inputs, targets, mask, 12, config.vocab_size) == 1.0
+    # window 4: positions 3 to 5 still see the marker at 2, 6 to 9 see no marker with its next token in the
+    # window, 10 and 11 see only the marker at 9 and answer 7, wrong
+    assert hs.last_tokens_rule(task, inputs, targets, mask, 4, config.vocab_size) == 3 / 9
+    # on the chapter's deep probe at D = 224 every target is at most 30 past the source: 32 tokens suffice
+    batch = hs.deep_marker_data(task, 256, 224, config, fresh=True)
+    assert hs.last_tokens_rule(task, *batch, 32, config.vocab_size) == 1.0
+    assert hs.last_tokens_rule(task, *batch, 8, config.vocab_size) < 0.5
+    with pytest.raises(ValueError, match="window"):
+        hs.last_tokens_rule(task, inputs, targets, mask, 1, config.vocab_size)
+    with pytest.raises(TypeError, match="CopyAfterMarker"):
+        hs.last_tokens_rule(hs.study_tasks()[0], inputs, targets, mask, 4, config.vocab_size)
+    with pytest.raises(ValueError, match="shape"):
+        hs.last_tokens_rule(task, inputs, targets[:, :5], mask, 4, config.vocab_size)
+
+
 def test_load_results_fails_clearly(tmp_path):
     with pytest.raises(FileNotFoundError, match="make todays-models"):
         hs.load_results(tmp_path / "absent.json")

@@ -305,6 +305,33 @@ def depth_accuracy(model, task: CopyAfterMarker, length: int, depth: int, config
     return ex.batch_accuracy(model, *deep_marker_data(task, length, depth, config))[0]
 
 
+def last_tokens_rule(task: CopyAfterMarker, inputs, targets, mask, window: int, vocab_size: int) -> float:
+    """The marker task's less-context baseline, untrained: at each position, the token after the earliest marker
+    among the last ``window`` tokens (the position itself included), or no answer when that window holds no marker
+    with its next token. ``inputs``, ``targets``, ``mask``: ``(B, T)`` as :func:`deep_marker_data` returns them.
+    Returns the accuracy over the targets of ``mask`` (no answer counts as wrong)."""
+    import torch
+
+    if not isinstance(task, CopyAfterMarker) or task.k != 1:
+        raise TypeError(f"task must be CopyAfterMarker(1), got {task!r}")
+    if isinstance(window, bool) or not isinstance(window, int) or window < 2:
+        raise ValueError(f"window must be an int >= 2, got {window!r}")
+    if not (inputs.shape == targets.shape == mask.shape) or inputs.dim() != 2:
+        raise ValueError(
+            f"inputs, targets and mask must share one (B, T) shape, got {inputs.shape}, "
+            f"{targets.shape} and {mask.shape}"
+        )
+    length = inputs.shape[1]
+    query, key = torch.arange(length)[:, None], torch.arange(length)[None, :]
+    reach = (key < query) & (key > query - window)  # (T, T): a marker at key with its next token inside the window
+    candidates = reach & (inputs == task.marker(vocab_size))[:, None, :]  # (B, T, T)
+    found = candidates.any(-1)
+    earliest = candidates.int().argmax(-1)  # the first True along the keys
+    answer = torch.gather(inputs, 1, (earliest + 1).clamp(max=length - 1))
+    right = found & (answer == targets) & mask
+    return right.sum().item() / mask.sum().item()
+
+
 def depth_key(length: int, depth: int) -> str:
     """The record's key of one depth-varied evaluation: ``"length@depth"``."""
     return f"{length}@{depth}"
@@ -440,6 +467,7 @@ __all__ = [
     "deep_marker_data",
     "depth_accuracy",
     "depth_key",
+    "last_tokens_rule",
     "WINDOW",
     "NAMES",
     "RESULTS_FILE",
