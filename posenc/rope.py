@@ -54,13 +54,11 @@ from ._checks import (
 )
 from ._rope_cache import CACHE_LIMIT, TableCache, serves_by_index
 from ._rope_dispatch import (
-    ENGINE,
     align_table,
     checked_axis,
     cos_sin_tables,
     half_tables,
     pair_slices,
-    rotate_small,
     rotation_formula,
     route,
 )
@@ -72,6 +70,7 @@ from ._rope_positions import (
     refuse_negative,
     varlen_positions,
 )
+from ._rope_steps import DecodeSteps
 from .encodings import PositionalEncoding
 from .rope_types import DEFAULT_THETA, ROPE_TYPES, check_rope_parameters, rope_frequencies
 
@@ -372,7 +371,7 @@ class RotaryEmbedding(PositionalEncoding):
     offsets only in eager calls on the CPU (reading values back from an accelerator would stall it, and a traced
     graph cannot branch on values); the ambiguity of an unset ``seq_dim`` only in eager calls. A decode step whose
     signature (shapes, dtypes, axes, tensor positions or offsets) an earlier eager CPU call passed through these
-    checks and served from the cache goes straight to the gather and the rotation (:meth:`_repeated_step`); its
+    checks and served from the cache goes straight to the gather and the rotation (``posenc._rope_steps``); its
     values are still checked there: the gather fails on a negative position or one past the cache, and the call
     then takes the general path (which refuses the first and grows the cache or computes for the second).
     """
@@ -407,7 +406,7 @@ class RotaryEmbedding(PositionalEncoding):
         # rows of the static rope types' tables (posenc._rope_cache)
         self._table_cache = TableCache(self.layout, max(CACHE_LIMIT, max_position_embeddings))
         self._checked: dict = {}  # (q.shape, k.shape, seq_dim) -> sequence axis, for eager calls
-        self._steps: dict = {}  # decode-step signature -> shape of its gathered rows (see _repeated_step)
+        self._steps = DecodeSteps()  # checked decode-step signatures (posenc._rope_steps)
 
     if TYPE_CHECKING:  # what a type checker sees of module(q, k, ...): nn.Module's __call__ returns Any
 
@@ -524,61 +523,6 @@ class RotaryEmbedding(PositionalEncoding):
         refuse_negative(sign_name, positions)
         return (*self._cos_sin(positions), None)
 
-    def _step_key(self, q, k, positions, offset, seq_dim):
-        """The signature of a call that the cache may serve by index (tensor positions with an int offset 0, or
-        one tensor offset per sequence), or None: shapes, dtypes and axes, everything its checks read."""
-        if not (seq_dim is None or type(seq_dim) is int):
-            return None
-        if positions is None:
-            if not isinstance(offset, Tensor):
-                return None
-            by = offset
-        elif isinstance(positions, Tensor) and type(offset) is int and offset == 0:
-            by = positions
-        else:
-            return None
-        return (q.shape, k.shape, q.dtype, k.dtype, seq_dim, self.seq_dim, by.shape, by.dtype, positions is None)
-
-    def _remember_step(self, q, k, positions, offset, seq_dim, axis, full) -> None:
-        """After a checked eager call whose tables the cache gathered by index: remember its signature when the
-        small-input pass rotated it, with the shape its rows take aligned to ``q`` (``(..., 2, R)``)."""
-        key = self._step_key(q, k, positions, offset, seq_dim)
-        if key is None or self.compiled or (positions is None and q.shape[axis] != 1):
-            return
-        cos_full, sin_full = align_table(full[0], q, axis), align_table(full[1], q, axis)
-        if ENGINE.small_fits(q, k, cos_full, sin_full):
-            if len(self._steps) >= 256:
-                self._steps.clear()
-            self._steps[key] = (*cos_full.shape[:-1], 2, cos_full.shape[-1])
-
-    def _repeated_step(self, q, k, positions, offset, seq_dim):
-        """``(q_rot, k_rot)`` for a call whose signature :meth:`_remember_step` holds (a decode step after the
-        first), else None. Shapes, dtypes and axes were checked for that signature; per call remain where the
-        tensors live, the gradient mode and the values: one gather of the cache's rows, which refuses a
-        negative position or one past the cache (the general path then checks, grows or computes). The
-        rotation is the general path's small-input pass, so the result is the same bit for bit."""
-        if torch.compiler.is_compiling() or not (isinstance(q, Tensor) and isinstance(k, Tensor)):
-            return None  # traced calls never look the dict up (no guards on it); bad arguments get the checks
-        key = self._step_key(q, k, positions, offset, seq_dim)
-        shape = None if key is None else self._steps.get(key)
-        by = offset if positions is None else positions
-        if (
-            shape is None
-            or self.compiled
-            or not (q.is_cpu and k.is_cpu and by.is_cpu and self.inv_freq.is_cpu)
-            or not ENGINE.records_nothing(q, k)
-        ):
-            return None
-        rows = self._table_cache.grown(self.inv_freq, self.attention_factor, 1)[3]
-        if rows.requires_grad:  # rows built from an inv_freq that wants a gradient: the general path decides
-            return None
-        try:
-            rows = rows.index_select(0, by if by.ndim == 1 else by.reshape(-1))
-        except IndexError:
-            return None
-        cos_full, sin_full = rows.view(shape).unbind(-2)
-        return rotate_small(q, k, cos_full, sin_full, self.layout)
-
     def forward(
         self, q: Tensor, k: Tensor, positions=None, offset=0, *, seq_dim: int | None = None, cu_seqlens=None
     ) -> tuple[Tensor, Tensor]:
@@ -604,7 +548,7 @@ class RotaryEmbedding(PositionalEncoding):
         sync (ints always; tensors on the CPU in eager calls).
         """
         if cu_seqlens is None and not self._uses_seq_len:
-            repeated = self._repeated_step(q, k, positions, offset, seq_dim)
+            repeated = self._steps.repeat(self, q, k, positions, offset, seq_dim)
             if repeated is not None:
                 return repeated
         axis = self._check_qk(q, k, seq_dim)
@@ -616,7 +560,7 @@ class RotaryEmbedding(PositionalEncoding):
         if k.ndim != q.ndim:
             checked_axis(k, cos, sin, axis if seq_dim is None and self.seq_dim is not None else seq_dim, "k")
         if full is not None:
-            self._remember_step(q, k, positions, offset, seq_dim, axis, full)
+            self._steps.remember(self, q, k, positions, offset, seq_dim, axis, full)
         return route(q, k, cos, sin, self.layout, axis, self.compiled, full=full)
 
     def encode_qk(self, q, k, q_positions, k_positions):

@@ -87,7 +87,7 @@ def test_gathered_rows_follow_a_changed_inv_freq():
 
 def test_a_repeated_decode_step_keeps_every_check_and_every_bit():
     """After the first call of a signature, decode steps take the remembered short path (posenc.rope
-    RotaryEmbedding._repeated_step): the same numbers as the direct computation bit for bit, in both layouts and
+    posenc._rope_steps.DecodeSteps): the same numbers as the direct computation bit for bit, in both layouts and
     both tensor layouts; negative values, values past the cache, gradients and bad arguments still meet the
     general path's checks."""
     for layout, seq_dim, dtype in (

@@ -228,6 +228,19 @@ def evaluate(ensemble, tasks, config) -> dict:
     return out
 
 
+def _seen_words(tasks, cfg) -> dict:
+    """Per group, which evaluation words at the training length occur in each seed's training stream:
+    ``{group: (seeds, B) bool}``."""
+    from posenc.lab import experiments as ex
+
+    seen = {}
+    for task in tasks:
+        words = list(map(tuple, ex.evaluation_data(task, cfg.train_length, cfg)[0].tolist()))
+        trained = [training_words(task, cfg, seed) for seed in cfg.seeds]
+        seen[task.group] = torch.tensor([[w in stream for w in words] for stream in trained])
+    return seen
+
+
 def run(names=NAMES, groups=GROUPS, cfg=None, progress=print) -> dict:
     """Train ``names`` on the word problem of each of ``groups`` with every seed of ``cfg`` (default :func:`config`)
     and evaluate: ``{group: {"accuracy": {name: {length: [per seed]}}, "sequence_se": {...: [per seed]},
@@ -245,11 +258,7 @@ def run(names=NAMES, groups=GROUPS, cfg=None, progress=print) -> dict:
         ensemble, losses = ex.train([t for t, _ in plan], [name for _, name in plan], cfg)
         scores = evaluate(ensemble, [t for t, _ in plan for _ in cfg.seeds], cfg)
     n_train = cfg.train_length
-    seen = {}  # per group and seed: which evaluation words at the training length occur in the training stream
-    for task in dict.fromkeys(t for t, _ in plan):
-        words = list(map(tuple, ex.evaluation_data(task, n_train, cfg)[0].tolist()))
-        trained = [training_words(task, cfg, seed) for seed in cfg.seeds]
-        seen[task.group] = torch.tensor([[w in stream for w in words] for stream in trained])  # (seeds, B)
+    seen = _seen_words(dict.fromkeys(t for t, _ in plan), cfg)
     result = {}
     for p, (task, name) in enumerate(plan):
         part = slice(p * seeds, (p + 1) * seeds)
